@@ -1,0 +1,91 @@
+"""Data-parallel decoding over all local devices with `jax.pmap`.
+
+Letters: D devices, B global batch, b = B/D rows per device.
+
+The batch is split into D shards of b rows; params are replicated. Every device
+runs the same `decode_loop` (prefill + while_loop of steps) on its rows, with the
+loop condition reduced by `lax.pmax` over the axis so all devices take the same
+number of steps, and the run statistics reduced with `lax.psum`. A row keeps its
+global row id, so its key stream, and therefore its output, is the same on one
+device or many.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.model import ModelConfig
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.speculative import (
+    DecodeState,
+    GenerationResult,
+    Verifier,
+    _check_params,
+    _finish,
+    decode_loop,
+    prepare_generate,
+)
+
+AXIS = "batch"
+
+
+def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, *, statics):
+  state = decode_loop(target_params, draft_params, tokens, prompt_len, row_keys,
+                      axis_name=AXIS, **statics)
+  live = state.accepted >= 0
+  stats = {
+      "steps_taken": jax.lax.psum(jnp.sum(live), AXIS),
+      "accepted": jax.lax.psum(jnp.sum(jnp.where(live, state.accepted, 0)), AXIS),
+      "generated": jax.lax.psum(jnp.sum(state.num_tokens - state.prompt_len), AXIS),
+  }
+  return state.replace(target_cache=None, draft_cache=None), stats
+
+
+@functools.lru_cache(maxsize=32)
+def _pmapped(statics_items: tuple, devices: tuple):
+  fn = functools.partial(_loop_and_stats, statics=dict(statics_items))
+  return jax.pmap(fn, axis_name=AXIS, in_axes=(None, None, 0, 0, 0), devices=list(devices))
+
+
+def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
+                  draft_config: ModelConfig | None, gamma: int = 0, max_new_tokens: int,
+                  sampling: SamplingConfig | None = None, seed=0, eos_id: int | None = None,
+                  pad_id: int = 0, vocab_size: int | None = None,
+                  verifier: Verifier | None = None, devices=None):
+  """Speculative (or, with draft_config None, autoregressive) decoding on D devices.
+
+  Returns (GenerationResult, stats) where stats holds psum-reduced totals:
+  steps_taken (row-steps), accepted (drafts accepted) and generated (tokens).
+  The batch is padded with copies of the last prompt up to a multiple of D; the
+  padding rows are dropped from the result.
+  """
+  devices = tuple(jax.local_devices() if devices is None else devices)
+  num_dev = len(devices)
+  _check_params(target_params, target_config, "target")
+  if draft_config is not None:
+    _check_params(draft_params, draft_config, "draft")
+  args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
+                          gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                          seed=seed, row_ids=None, eos_id=eos_id, pad_id=pad_id,
+                          vocab_size=vocab_size, verifier=verifier)
+  batch = args.tokens.shape[0]
+  padded = -(-batch // num_dev) * num_dev
+  extra = padded - batch
+
+  def shard(x):
+    x = np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) if extra else x
+    return x.reshape((num_dev, padded // num_dev) + x.shape[1:])
+
+  fn = _pmapped(tuple(sorted(args.statics.items(), key=lambda kv: kv[0])), devices)
+  state, stats = fn(target_params, draft_params, shard(args.tokens), shard(args.prompt_len),
+                    shard(args.row_keys))
+  state = jax.device_get(state)
+  merged: DecodeState = jax.tree_util.tree_map(
+      lambda x: x.reshape((padded,) + x.shape[2:])[:batch] if x.ndim >= 2 else x[0], state)
+  result: GenerationResult = _finish(merged, max_new_tokens, pad_id)
+  stats = {k: int(np.asarray(v)[0]) for k, v in jax.device_get(stats).items()}
+  return result, stats

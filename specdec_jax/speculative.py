@@ -1,0 +1,442 @@
+"""Speculative and autoregressive decoding, each one jitted `lax.while_loop`.
+
+Letters: B batch, G = γ drafted tokens per step, V vocabulary, P longest prompt,
+M max_new_tokens, S cache slots, W token-buffer width.
+
+Decode state invariant (both samplers, every row b):
+  tokens[b, :num_tokens[b]] is the prompt followed by the emitted tokens;
+  the last of them, tokens[b, num_tokens[b]-1], is *pending*: it is not yet in
+  either cache, so both caches hold exactly num_tokens[b]-1 entries.
+
+One speculative step for row b (length ℓ = num_tokens[b]-1, pending token t):
+  1. the draft feeds t, x_1, .., x_{G-1} (a `lax.scan` of G cached calls),
+     sampling x_i ~ q_i = warp(draft logits) and keeping q_i;
+  2. one cache-only draft call writes x_G (head skipped), so the draft has seen
+     every token the target will see;
+  3. one target call over [t, x_1..x_G] at positions ℓ..ℓ+G gives p_1..p_{G+1};
+  4. `verify` accepts n tokens and draws the correction or bonus token y;
+  5. the row emits x_1..x_n, y (cut at EOS or max_new_tokens); both caches roll
+     back by setting their length to the new num_tokens-1. y is the new pending
+     token, fed to both models at the start of the next step.
+Rows advance by their own n, never by the batch minimum; finished rows idle.
+
+Key schedule (one root per row; nothing depends on batch size or layout):
+  row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
+  step_key[b, s]  = fold_in(row_key[b], s)             s = loop step, 0-based
+  draft_key, verify_key = split(step_key[b, s])
+  draft_keys[i]   = split(draft_key, G)[i]              sample x_{i+1}
+  verify: u_key, resample_key = split(verify_key)       u[1..G], correction/bonus
+  autoregressive: the token of step s is sample(step_key[b, s], p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.model import ModelConfig, forward, init_cache
+from specdec_jax.sampling import SamplingConfig, sample, warp
+from specdec_jax.verify import acceptance_probability, verify
+
+Array = jax.Array
+Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Everything the decode loop carries; shapes are fixed, progress lives in indices."""
+
+  tokens: Array  # int32 [B,W], prompt then emitted tokens, right-padded
+  num_tokens: Array  # int32 [B], valid entries of `tokens` (last one pending)
+  prompt_len: Array  # int32 [B]
+  done: Array  # bool [B]
+  row_keys: Array  # uint32 [B,2], see the key schedule
+  step: Array  # int32 [], loop steps taken
+  target_cache: dict
+  draft_cache: dict | None
+  accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
+  accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
+
+
+@dataclasses.dataclass
+class GenerationResult:
+  """Host-side output of a generate call (numpy arrays)."""
+
+  tokens: np.ndarray  # int32 [B,M], generated tokens, pad_id past each row's length
+  lengths: np.ndarray  # int32 [B], generated tokens per row
+  num_steps: int  # loop steps taken (the slowest row's)
+  accepted: np.ndarray  # int32 [B,num_steps], -1 where a row was already done
+  accept_prob: np.ndarray  # float32 [B,num_steps,G] (G = 0 for autoregressive)
+
+  def row(self, b: int) -> list[int]:
+    return self.tokens[b, : self.lengths[b]].tolist()
+
+  @property
+  def steps_per_row(self) -> np.ndarray:
+    return (self.accepted >= 0).sum(axis=1)
+
+  def acceptance_rate(self) -> float:
+    """Accepted drafts / drafted tokens over the steps that rows took."""
+    active = self.accepted >= 0
+    gamma = self.accept_prob.shape[-1]
+    if gamma == 0 or not active.any():
+      return float("nan")
+    return float(self.accepted[active].sum() / (active.sum() * gamma))
+
+  def alpha(self) -> float:
+    """Mean exact acceptance probability Σ min(p,q) over drafted positions."""
+    active = self.accepted >= 0
+    if self.accept_prob.shape[-1] == 0 or not active.any():
+      return float("nan")
+    return float(self.accept_prob[active].mean())
+
+  def tokens_per_step(self) -> float:
+    steps = self.steps_per_row.sum()
+    return float(self.lengths.sum() / steps) if steps else float("nan")
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_positive_int(name: str, value) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+def prepare_prompts(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """A list of token-id sequences (or an int array [B,P]) -> (tokens[B,P], lengths[B])."""
+  if isinstance(prompts, (np.ndarray, jax.Array)):
+    arr = np.asarray(prompts)
+    if arr.ndim != 2:
+      raise ValueError(f"prompts array must be 2-D [B,P], got shape {arr.shape}")
+    if not np.issubdtype(arr.dtype, np.integer):
+      raise ValueError(f"prompts must hold integer token ids, got dtype {arr.dtype}")
+    rows = list(arr)
+  else:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+      raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    rows = list(prompts)
+  if not rows:
+    raise ValueError("prompts is empty: need at least one prompt")
+  lengths = []
+  for i, row in enumerate(rows):
+    row = np.asarray(row)
+    if row.ndim != 1:
+      raise ValueError(f"prompt {i} must be a 1-D sequence of token ids, got shape {row.shape}")
+    if row.size == 0:
+      raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+    if not np.issubdtype(row.dtype, np.integer):
+      raise ValueError(f"prompt {i} must hold integer token ids, got dtype {row.dtype}")
+    lengths.append(row.size)
+  out = np.full((len(rows), max(lengths)), pad_id, np.int32)
+  for i, row in enumerate(rows):
+    out[i, : lengths[i]] = row
+  return out, np.asarray(lengths, np.int32)
+
+
+def resolve_vocab(target: ModelConfig, draft: ModelConfig | None,
+                  vocab_size: int | None) -> int:
+  """The vocabulary p and q live on. Padded rows past it are cut (exact zeros)."""
+  sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+  if vocab_size is None:
+    if len(set(sizes)) != 1:
+      raise ValueError(
+          f"draft/target vocabulary mismatch: target has {target.vocab_size} tokens, draft "
+          f"{draft.vocab_size}; pass vocab_size=<true vocabulary> if one is only padded")
+    return target.vocab_size
+  _check_positive_int("vocab_size", vocab_size)
+  if vocab_size > min(sizes):
+    raise ValueError(f"vocab_size={vocab_size} exceeds a model's vocabulary {sizes}")
+  return vocab_size
+
+
+def _row_keys(seed, row_ids: np.ndarray) -> np.ndarray:
+  seeds = np.broadcast_to(np.asarray(seed, np.int64), row_ids.shape)
+  if seeds.min() < 0 or seeds.max() >= 2**32:
+    raise ValueError(f"seed must lie in [0, 2**32), got {seed!r}")
+  make = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.PRNGKey(s), r))
+  return np.asarray(make(jnp.asarray(seeds, jnp.uint32), jnp.asarray(row_ids, jnp.uint32)))
+
+
+# --------------------------------------------------------------------------- step
+
+def _with_length(cache: dict, length: Array) -> dict:
+  return {**cache, "length": length}
+
+
+def _emit(state: DecodeState, block: Array, count: Array, *, eos_id: int | None,
+          max_new_tokens: int) -> tuple[DecodeState, Array]:
+  """Appends block[b, :count[b]] (cut at EOS / max_new_tokens) to each live row."""
+  generated = state.num_tokens - state.prompt_len
+  count = jnp.minimum(count, max_new_tokens - generated)
+  done = state.done | (generated + count >= max_new_tokens)
+  if eos_id is not None:
+    idx = jnp.arange(block.shape[1])[None, :]
+    is_eos = (block == eos_id) & (idx < count[:, None])
+    first_eos = jnp.argmax(is_eos, axis=1)
+    hit = is_eos.any(axis=1)
+    count = jnp.where(hit, first_eos + 1, count)
+    done = done | hit
+  count = jnp.where(state.done, 0, count)
+  tokens = jax.vmap(lambda row, blk, at: jax.lax.dynamic_update_slice(row, blk, (at,)))(
+      state.tokens, block.astype(jnp.int32), state.num_tokens)
+  new = state.replace(tokens=tokens, num_tokens=state.num_tokens + count,
+                      done=done | state.done)
+  return new, count
+
+
+def _step_keys(state: DecodeState) -> Array:
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
+
+
+def _pending(state: DecodeState) -> Array:
+  return jnp.take_along_axis(state.tokens, (state.num_tokens - 1)[:, None], axis=1)[:, 0]
+
+
+def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
+                        target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
+                        sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
+                        max_new_tokens: int, verifier: Verifier = verify) -> DecodeState:
+  """One speculative step for every row (see the module docstring). Not jitted."""
+  warp_fn = functools.partial(warp, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p)
+  length = state.num_tokens - 1
+  pending = _pending(state)
+  split = jax.vmap(jax.random.split)(_step_keys(state))  # [B,2,2]
+  draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
+  verify_keys = split[:, 1]
+
+  def draft_one(carry, keys):
+    cache, token, pos = carry
+    logits, cache = forward(draft_params, token[:, None], pos[:, None], cache,
+                            config=draft_config)
+    q = warp_fn(logits[:, 0, :vocab_size])
+    x = jax.vmap(sample)(keys, q)
+    return (cache, x, pos + 1), (x, q)
+
+  draft_cache = _with_length(state.draft_cache, length)
+  (draft_cache, last, _), (xs, qs) = jax.lax.scan(
+      draft_one, (draft_cache, pending, length), jnp.swapaxes(draft_keys, 0, 1))
+  xs, qs = jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1)  # [B,G], [B,G,V]
+  _, draft_cache = forward(draft_params, last[:, None], (length + gamma)[:, None], draft_cache,
+                           config=draft_config, return_logits=False)
+
+  target_in = jnp.concatenate([pending[:, None], xs], axis=1)  # [B,G+1]
+  positions = length[:, None] + jnp.arange(gamma + 1)[None, :]
+  logits, target_cache = forward(target_params, target_in, positions,
+                                 _with_length(state.target_cache, length), config=target_config)
+  ps = warp_fn(logits[:, :, :vocab_size])  # [B,G+1,V]
+
+  block, num_accepted = verifier(xs, qs, ps, verify_keys)
+  beta = acceptance_probability(qs, ps)
+  live = ~state.done
+  state = state.replace(
+      accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),
+      accept_prob=state.accept_prob.at[:, state.step].set(beta))
+  state, _ = _emit(state, block, num_accepted + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
+  new_length = state.num_tokens - 1
+  return state.replace(target_cache=_with_length(target_cache, new_length),
+                       draft_cache=_with_length(draft_cache, new_length), step=state.step + 1)
+
+
+def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: ModelConfig,
+                           sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
+                           max_new_tokens: int) -> DecodeState:
+  """One plain decoding step: feed the pending token, sample one token per row."""
+  length = state.num_tokens - 1
+  logits, target_cache = forward(target_params, _pending(state)[:, None], length[:, None],
+                                 _with_length(state.target_cache, length), config=target_config)
+  p = warp(logits[:, 0, :vocab_size], sampling.temperature, sampling.top_k, sampling.top_p)
+  token = jax.vmap(sample)(_step_keys(state), p)
+  live = ~state.done
+  state = state.replace(accepted=state.accepted.at[:, state.step].set(jnp.where(live, 0, -1)))
+  state, _ = _emit(state, token[:, None], jnp.ones_like(length), eos_id=eos_id,
+                   max_new_tokens=max_new_tokens)
+  return state.replace(target_cache=_with_length(target_cache, state.num_tokens - 1),
+                       step=state.step + 1)
+
+
+_STEP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
+                 "max_new_tokens", "verifier")
+
+speculative_step = jax.jit(speculative_step_fn, static_argnames=_STEP_STATICS)
+speculative_step.__doc__ = ("Jitted `speculative_step_fn`: (target_params, draft_params, state, "
+                            "*, statics) -> state.")
+autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
+    "target_config", "sampling", "vocab_size", "eos_id", "max_new_tokens"))
+
+
+# --------------------------------------------------------------------------- loops
+
+def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
+               *, target_config: ModelConfig, draft_config: ModelConfig | None, gamma: int,
+               max_new_tokens: int) -> DecodeState:
+  """Prefills both caches with the prompts (cache-only calls) and builds the state."""
+  batch, width = tokens.shape
+  slots = width + max_new_tokens + gamma
+  positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+
+  def prefill(params, config):
+    _, cache = forward(params, tokens, positions, init_cache(config, batch, slots),
+                       config=config, return_logits=False)
+    return _with_length(cache, prompt_len - 1)
+
+  buffer = jnp.zeros((batch, width + max_new_tokens + gamma + 1), jnp.int32)
+  return DecodeState(
+      tokens=jax.lax.dynamic_update_slice(buffer, tokens, (0, 0)),
+      num_tokens=prompt_len,
+      prompt_len=prompt_len,
+      done=jnp.zeros((batch,), bool),
+      row_keys=row_keys,
+      step=jnp.zeros((), jnp.int32),
+      target_cache=prefill(target_params, target_config),
+      draft_cache=None if draft_config is None else prefill(draft_params, draft_config),
+      accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+      accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
+  )
+
+
+def _any_live(state: DecodeState, axis_name: str | None) -> Array:
+  live = jnp.any(~state.done).astype(jnp.int32)
+  if axis_name is not None:  # every device loops until the last row anywhere is done
+    live = jax.lax.pmax(live, axis_name)
+  return live > 0
+
+
+def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
+                target_config: ModelConfig, draft_config: ModelConfig | None, gamma: int,
+                sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
+                max_new_tokens: int, verifier: Verifier = verify,
+                axis_name: str | None = None) -> DecodeState:
+  """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive."""
+  state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
+                     target_config=target_config, draft_config=draft_config,
+                     gamma=gamma if draft_config is not None else 0,
+                     max_new_tokens=max_new_tokens)
+  common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab_size,
+                eos_id=eos_id, max_new_tokens=max_new_tokens)
+  if draft_config is None:
+    body = functools.partial(autoregressive_step_fn, target_params, **common)
+  else:
+    body = functools.partial(speculative_step_fn, target_params, draft_params,
+                             draft_config=draft_config, gamma=gamma, verifier=verifier, **common)
+
+  def cond(s):
+    return _any_live(s, axis_name) & (s.step < max_new_tokens)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+_LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
+                 "max_new_tokens", "verifier", "axis_name")
+decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
+
+
+def _finish(state: DecodeState, max_new_tokens: int, pad_id: int) -> GenerationResult:
+  state = jax.device_get(state)
+  tokens = np.asarray(state.tokens)
+  prompt_len = np.asarray(state.prompt_len)
+  lengths = np.asarray(state.num_tokens) - prompt_len
+  out = np.full((tokens.shape[0], max_new_tokens), pad_id, np.int32)
+  for b in range(tokens.shape[0]):
+    out[b, : lengths[b]] = tokens[b, prompt_len[b]: prompt_len[b] + lengths[b]]
+  steps = int(state.step)
+  return GenerationResult(tokens=out, lengths=lengths.astype(np.int32), num_steps=steps,
+                          accepted=np.asarray(state.accepted)[:, :steps],
+                          accept_prob=np.asarray(state.accept_prob)[:, :steps])
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateArgs:
+  """Validated, host-side arguments shared by every generate entry point."""
+
+  tokens: np.ndarray
+  prompt_len: np.ndarray
+  row_keys: np.ndarray
+  statics: dict[str, Any]
+  pad_id: int
+
+
+def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: ModelConfig | None,
+                     gamma: int, max_new_tokens: int, sampling: SamplingConfig | None,
+                     seed, row_ids, eos_id: int | None, pad_id: int, vocab_size: int | None,
+                     verifier: Verifier | None) -> GenerateArgs:
+  """Checks every argument and raises ValueError naming the offending one."""
+  if draft_config is not None:
+    _check_positive_int("gamma", gamma)
+  _check_positive_int("max_new_tokens", max_new_tokens)
+  sampling = SamplingConfig() if sampling is None else sampling
+  if not isinstance(sampling, SamplingConfig):
+    raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+  vocab = resolve_vocab(target_config, draft_config, vocab_size)
+  tokens, prompt_len = prepare_prompts(prompts, pad_id)
+  if tokens.min() < 0 or tokens.max() >= vocab:
+    raise ValueError(f"prompt token ids must lie in [0, {vocab}), got range "
+                     f"[{tokens.min()}, {tokens.max()}]")
+  if eos_id is not None and not 0 <= eos_id < vocab:
+    raise ValueError(f"eos_id must lie in [0, {vocab}), got {eos_id!r}")
+  g = gamma if draft_config is not None else 0
+  need = tokens.shape[1] + max_new_tokens + g
+  for name, cfg in (("target", target_config), ("draft", draft_config)):
+    if cfg is not None and need > cfg.max_seq_len:
+      raise ValueError(
+          f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + gamma ({g}) "
+          f"= {need} exceeds the {name} cache (max_seq_len={cfg.max_seq_len})")
+  batch = tokens.shape[0]
+  row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
+  if row_ids.shape != (batch,) or not np.issubdtype(row_ids.dtype, np.integer):
+    raise ValueError(f"row_ids must be {batch} ints, got {row_ids!r}")
+  statics = dict(target_config=target_config, draft_config=draft_config, gamma=g,
+                 sampling=sampling, vocab_size=vocab, eos_id=eos_id,
+                 max_new_tokens=max_new_tokens, verifier=verifier or verify)
+  return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id)
+
+
+def _check_params(params, config: ModelConfig, name: str) -> None:
+  embed = params.get("embed") if isinstance(params, dict) else None
+  if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
+    got = None if embed is None else embed.shape
+    raise ValueError(f"{name} params do not match its config: embed is {got}, expected "
+                     f"{(config.vocab_size, config.embed_dim)}")
+
+
+def speculative_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
+                         draft_config: ModelConfig, gamma: int, max_new_tokens: int,
+                         sampling: SamplingConfig | None = None, seed=0, row_ids=None,
+                         eos_id: int | None = None, pad_id: int = 0,
+                         vocab_size: int | None = None,
+                         verifier: Verifier | None = None) -> GenerationResult:
+  """Speculative sampling of up to max_new_tokens per prompt, one jitted while_loop.
+
+  prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
+  seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
+  """
+  _check_params(target_params, target_config, "target")
+  _check_params(draft_params, draft_config, "draft")
+  args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
+                          gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                          seed=seed, row_ids=row_ids, eos_id=eos_id, pad_id=pad_id,
+                          vocab_size=vocab_size, verifier=verifier)
+  state = decode_loop_jit(target_params, draft_params, args.tokens, args.prompt_len,
+                          args.row_keys, **args.statics)
+  return _finish(state, max_new_tokens, pad_id)
+
+
+def autoregressive_generate(target_params, prompts, *, target_config: ModelConfig,
+                            max_new_tokens: int, sampling: SamplingConfig | None = None, seed=0,
+                            row_ids=None, eos_id: int | None = None, pad_id: int = 0,
+                            vocab_size: int | None = None) -> GenerationResult:
+  """Plain sampling with the same warp, cache, loop and key roots as the speculative one."""
+  _check_params(target_params, target_config, "target")
+  args = prepare_generate(prompts, target_config=target_config, draft_config=None, gamma=0,
+                          max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                          row_ids=row_ids, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size,
+                          verifier=None)
+  state = decode_loop_jit(target_params, None, args.tokens, args.prompt_len, args.row_keys,
+                          **args.statics)
+  return _finish(state, max_new_tokens, pad_id)
