@@ -13,12 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
+from helpers import SIGNIFICANCE, chi_square_pvalue
 from specdec_jax.sampling import warp
 from specdec_jax.verify import acceptance_probability, residual_distribution, verify
 
-SIGNIFICANCE = 1e-3
 P = np.array([0.2, 0.5, 0.3], np.float32)
 Q = np.array([0.6, 0.3, 0.1], np.float32)
 
@@ -26,18 +25,6 @@ Q = np.array([0.6, 0.3, 0.1], np.float32)
 def naive_verify(*args):
   """The broken variant: correction drawn from p instead of norm(max(0, p - q))."""
   return verify(*args, residual_fn=lambda p, q: p)
-
-
-def chi_square_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
-  """p-value of samples (ints) against probs; zero-probability cells must be empty."""
-  probs = np.asarray(probs, np.float64)
-  counts = np.bincount(samples, minlength=len(probs))
-  assert counts[probs == 0].sum() == 0, f"sampled impossible tokens: {counts} vs {probs}"
-  keep = probs > 0
-  if keep.sum() == 1:  # a point mass: the assert above is the whole test
-    return 1.0
-  expected = probs[keep] / probs[keep].sum() * counts.sum()
-  return stats.chisquare(counts[keep], expected).pvalue
 
 
 def run_verify(p_rows, q_rows, n, seed, verifier=verify):

@@ -1,0 +1,46 @@
+"""Helpers shared by the tests: tiny random models and a chi-square check."""
+
+import jax
+import numpy as np
+from scipy import stats
+
+from specdec_jax.model import ModelConfig, init_params
+
+# A correct sampler fails a chi-square test at this level with probability 1e-3.
+SIGNIFICANCE = 1e-3
+
+
+def sharpen(params, factor):
+  """Scales every non-norm weight so random logits are far from uniform."""
+  def scale(path, x):
+    return x if "norm" in jax.tree_util.keystr(path) else x * factor
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def tiny_config(vocab=32, layers=2, width=32, max_seq_len=64, **kw):
+  return ModelConfig(vocab_size=vocab, num_layers=layers, embed_dim=width, mlp_dim=2 * width,
+                     num_heads=4, num_kv_heads=2, head_dim=width // 4, max_seq_len=max_seq_len,
+                     **kw)
+
+
+def tiny_model(config, seed, factor=15.0):
+  return sharpen(init_params(config, jax.random.PRNGKey(seed)), factor)
+
+
+def chi_square_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+  """p-value of int samples against probs. Zero-probability cells must stay empty;
+  cells expected to hold fewer than `min_expected` samples are pooled into one."""
+  probs = np.asarray(probs, np.float64)
+  counts = np.bincount(samples, minlength=len(probs))
+  assert len(counts) == len(probs), "sampled an out-of-range id"
+  assert counts[probs == 0].sum() == 0, f"sampled impossible outcomes: {np.flatnonzero(counts * (probs == 0))}"
+  keep = probs > 0
+  expected = probs[keep] / probs[keep].sum() * counts.sum()
+  observed = counts[keep]
+  small = expected < min_expected
+  if small.any():
+    expected = np.append(expected[~small], expected[small].sum())
+    observed = np.append(observed[~small], observed[small].sum())
+  if len(expected) == 1:  # a point mass: the assert above is the whole test
+    return 1.0
+  return stats.chisquare(observed, expected).pvalue
