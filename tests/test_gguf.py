@@ -1,4 +1,4 @@
-"""specdec_jax.io.gguf: SmolLM2 logits against transformers' golden values, tiny written GGUFs, errors."""
+"""specdec_jax.io.gguf: SmolLM2 logits against transformers' golden values, tiny GGUFs, errors."""
 
 import json
 import os

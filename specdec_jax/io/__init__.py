@@ -1,0 +1,1 @@
+"""Readers and writers for model checkpoints: GGUF and Hugging Face safetensors."""
