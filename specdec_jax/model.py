@@ -31,6 +31,7 @@ plain pytrees of arrays that can carry `jax.sharding` shardings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -212,11 +213,17 @@ class Transformer(nn.Module):
     return logits, new_cache
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: Array) -> dict:
-  """Random params (normal, std 0.02; norms at 1) for `config`."""
+  """Random params (normal, std 0.02; norms at 1) for `config`. Jitted: one compile per config."""
   tokens = jnp.zeros((1, 1), jnp.int32)
   cache = init_cache(config, 1, 1)
   return Transformer(config).init(key, tokens, tokens, cache)["params"]
+
+
+def param_shapes(config: ModelConfig) -> dict:
+  """The param tree of `config` as jax.ShapeDtypeStruct leaves (nothing is computed)."""
+  return jax.eval_shape(init_params, config, jax.random.PRNGKey(0))
 
 
 def forward(params, tokens: Array, positions: Array, cache: Cache, *,

@@ -33,14 +33,17 @@ from specdec_jax.speculative import (
 AXIS = "batch"
 
 
-def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, *, statics):
+def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, real, *,
+                    statics):
+  """decode_loop on this device's rows; real[b] is False for batch-padding rows."""
   state = decode_loop(target_params, draft_params, tokens, prompt_len, row_keys,
                       axis_name=AXIS, **statics)
-  live = state.accepted >= 0
+  live = (state.accepted >= 0) & real[:, None]
   stats = {
       "steps_taken": jax.lax.psum(jnp.sum(live), AXIS),
       "accepted": jax.lax.psum(jnp.sum(jnp.where(live, state.accepted, 0)), AXIS),
-      "generated": jax.lax.psum(jnp.sum(state.num_tokens - state.prompt_len), AXIS),
+      "generated": jax.lax.psum(jnp.sum(jnp.where(real, state.num_tokens - state.prompt_len, 0)),
+                                AXIS),
   }
   return state.replace(target_cache=None, draft_cache=None), stats
 
@@ -48,7 +51,7 @@ def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, *
 @functools.lru_cache(maxsize=32)
 def _pmapped(statics_items: tuple, devices: tuple):
   fn = functools.partial(_loop_and_stats, statics=dict(statics_items))
-  return jax.pmap(fn, axis_name=AXIS, in_axes=(None, None, 0, 0, 0), devices=list(devices))
+  return jax.pmap(fn, axis_name=AXIS, in_axes=(None, None, 0, 0, 0, 0), devices=list(devices))
 
 
 def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
@@ -76,13 +79,14 @@ def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelC
   padded = -(-batch // num_dev) * num_dev
   extra = padded - batch
 
-  def shard(x):
-    x = np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) if extra else x
+  def shard(x, fill=None):
+    pad = np.repeat(x[-1:], extra, axis=0) if fill is None else np.full((extra,), fill)
+    x = np.concatenate([x, pad.astype(x.dtype)])
     return x.reshape((num_dev, padded // num_dev) + x.shape[1:])
 
   fn = _pmapped(tuple(sorted(args.statics.items(), key=lambda kv: kv[0])), devices)
   state, stats = fn(target_params, draft_params, shard(args.tokens), shard(args.prompt_len),
-                    shard(args.row_keys))
+                    shard(args.row_keys), shard(np.ones(batch, bool), fill=False))
   state = jax.device_get(state)
   merged: DecodeState = jax.tree_util.tree_map(
       lambda x: x.reshape((padded,) + x.shape[2:])[:batch] if x.ndim >= 2 else x[0], state)

@@ -301,6 +301,10 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   )
 
 
+init_state_jit = jax.jit(init_state, static_argnames=(
+    "target_config", "draft_config", "gamma", "max_new_tokens"))
+
+
 def _any_live(state: DecodeState, axis_name: str | None) -> Array:
   live = jnp.any(~state.done).astype(jnp.int32)
   if axis_name is not None:  # every device loops until the last row anywhere is done

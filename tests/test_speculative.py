@@ -1,0 +1,308 @@
+"""The decode loops: greedy equality, draft == target, cache, seeds, compilation, errors."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_config, tiny_model
+from specdec_jax import (
+    SamplingConfig,
+    autoregressive_generate,
+    forward,
+    init_cache,
+    speculative_generate,
+)
+from specdec_jax import speculative as spec
+
+GREEDY = SamplingConfig(temperature=0.0)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def generate(pair, prompts=PROMPTS, gamma=3, **kw):
+  target, tp, draft, dp = pair
+  kw.setdefault("max_new_tokens", 16)
+  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
+                              gamma=gamma, **kw)
+
+
+@pytest.fixture(scope="module")
+def greedy_pair():
+  """A draft that agrees with the target often but not always (greedy)."""
+  target = tiny_config(vocab=32, layers=2, width=32)
+  tp = tiny_model(target, 0, factor=8.0)
+  draft = target.replace(num_layers=1)
+  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
+  return target, tp, draft, dp
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_speculative_equals_greedy_autoregressive(greedy_pair, gamma):
+  target, tp, _, _ = greedy_pair
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                               sampling=GREEDY)
+  sp = generate(greedy_pair, gamma=gamma, sampling=GREEDY)
+  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  np.testing.assert_array_equal(sp.lengths, [16] * len(PROMPTS))
+  # The rows really accept different numbers of tokens, step by step.
+  per_row = [sp.accepted[b][sp.accepted[b] >= 0].tolist() for b in range(len(PROMPTS))]
+  assert len({tuple(r) for r in per_row}) > 1, per_row
+  assert 0 < sp.acceptance_rate() < 1
+
+
+def test_greedy_with_eos_stops_each_row(greedy_pair):
+  target, tp, _, _ = greedy_pair
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                               sampling=GREEDY)
+  eos = int(ar.tokens[0, 5])  # a token that row 0 emits, so at least one row stops early
+  ar_eos = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                                   sampling=GREEDY, eos_id=eos, pad_id=31)
+  sp_eos = generate(greedy_pair, sampling=GREEDY, eos_id=eos, pad_id=31)
+  np.testing.assert_array_equal(sp_eos.tokens, ar_eos.tokens)
+  np.testing.assert_array_equal(sp_eos.lengths, ar_eos.lengths)
+  assert sp_eos.lengths[0] <= 6 and sp_eos.row(0)[-1] == eos
+  for b in range(len(PROMPTS)):
+    row = sp_eos.row(b)
+    assert eos not in row[:-1]
+    assert (sp_eos.tokens[b, len(row):] == 31).all()
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_pair):
+  target, tp, _, _ = tiny_pair
+  gamma = 4
+  out = speculative_generate(tp, tp, PROMPTS, target_config=target, draft_config=target,
+                             gamma=gamma, max_new_tokens=15, sampling=SamplingConfig(1.0))
+  live = out.accepted >= 0
+  assert (out.accepted[live] == gamma).all()
+  assert out.num_steps == 3  # 15 tokens at gamma + 1 = 5 per step
+  np.testing.assert_allclose(out.accept_prob[live], 1.0, atol=1e-5)
+
+
+def test_max_new_tokens_cuts_the_last_block(tiny_pair):
+  out = generate(tiny_pair, max_new_tokens=7, sampling=SamplingConfig(1.0))
+  np.testing.assert_array_equal(out.lengths, [7] * len(PROMPTS))
+
+
+# ------------------------------------------------------------------ KV cache
+
+def test_incremental_logits_equal_full_forward(tiny_pair):
+  target, tp, _, _ = tiny_pair
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 12), 0, target.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(12), (3, 12))
+  full, _ = forward(tp, tokens, pos, init_cache(target, 3, 16), config=target)
+  cache = init_cache(target, 3, 16)
+  pieces = []
+  for start, stop in [(0, 5), (5, 6), (6, 9), (9, 12)]:
+    logits, cache = forward(tp, tokens[:, start:stop], pos[:, start:stop], cache, config=target)
+    pieces.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(pieces, axis=1), full, atol=1e-4, rtol=1e-4)
+  np.testing.assert_array_equal(cache["length"], [12, 12, 12])
+
+
+def test_rollback_then_continue_equals_fresh_run(tiny_pair):
+  target, tp, _, _ = tiny_pair
+  a = jnp.asarray([[3, 1, 4, 1, 5]])
+  rejected = jnp.asarray([[9, 2, 6]])
+  kept = jnp.asarray([[7, 8]])
+
+  def run(chunks, rollback_to=None):
+    cache, logits = init_cache(target, 1, 16), None
+    for i, chunk in enumerate(chunks):
+      if rollback_to is not None and i == len(chunks) - 1:
+        cache = {**cache, "length": jnp.asarray([rollback_to], jnp.int32)}
+      start = int(cache["length"][0])
+      pos = start + jnp.arange(chunk.shape[1])[None]
+      logits, cache = forward(tp, chunk, pos, cache, config=target)
+    return logits
+
+  rolled = run([a, rejected, kept], rollback_to=5)
+  fresh = run([a, kept])
+  np.testing.assert_allclose(rolled, fresh, atol=1e-5)
+
+
+def test_padded_prompts_match_unpadded(tiny_pair):
+  """Right padding: a short prompt in a batch of long ones samples as it would alone."""
+  alone = generate(tiny_pair, prompts=[PROMPTS[2]], sampling=SamplingConfig(1.0), seed=4)
+  batch = generate(tiny_pair, sampling=SamplingConfig(1.0), seed=4,
+                   row_ids=[1, 2, 0, 3, 4])  # PROMPTS[2] keeps row id 0 here
+  assert batch.row(2) == alone.row(0)
+
+
+# ------------------------------------------------------------------ seeds
+
+def test_same_seed_same_tokens_different_seed_differs(tiny_pair):
+  a = generate(tiny_pair, sampling=SamplingConfig(1.0), seed=7)
+  b = generate(tiny_pair, sampling=SamplingConfig(1.0), seed=7)
+  c = generate(tiny_pair, sampling=SamplingConfig(1.0), seed=8)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.accepted, b.accepted)
+  assert (a.tokens != c.tokens).any()
+
+
+def test_row_output_independent_of_batch_size(tiny_pair):
+  prompts8 = [[1, 2, 3, 4]] + [[i, i + 1, 2, 5] for i in range(7)]
+  one = generate(tiny_pair, prompts=prompts8[:1], sampling=SamplingConfig(1.0), seed=3)
+  eight = generate(tiny_pair, prompts=prompts8, sampling=SamplingConfig(1.0), seed=3)
+  assert one.row(0) == eight.row(0)
+  np.testing.assert_array_equal(one.accepted[0], eight.accepted[0][: one.num_steps])
+
+
+def test_per_row_seeds(tiny_pair):
+  both = generate(tiny_pair, prompts=[[1, 2], [1, 2]], sampling=SamplingConfig(1.0), seed=[5, 6],
+                  row_ids=[0, 0])
+  five = generate(tiny_pair, prompts=[[1, 2]], sampling=SamplingConfig(1.0), seed=5)
+  six = generate(tiny_pair, prompts=[[1, 2]], sampling=SamplingConfig(1.0), seed=6)
+  assert both.row(0) == five.row(0) and both.row(1) == six.row(0)
+
+
+# ------------------------------------------------------------------ compilation
+
+def test_step_and_loop_compile_once(tiny_pair):
+  target, tp, draft, dp = tiny_pair
+  statics = dict(target_config=target, draft_config=draft, gamma=2,
+                 sampling=SamplingConfig(0.8), vocab_size=target.vocab_size, eos_id=None,
+                 max_new_tokens=12)
+  args = spec.prepare_generate(PROMPTS, seed=0, row_ids=None, pad_id=0, vocab_size=None,
+                               verifier=None, **{k: statics[k] for k in (
+                                   "target_config", "draft_config", "gamma", "sampling",
+                                   "max_new_tokens")}, eos_id=None)
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                          target_config=target, draft_config=draft, gamma=2, max_new_tokens=12)
+  before = spec.speculative_step._cache_size()
+  for _ in range(4):
+    state = spec.speculative_step(tp, dp, state, **statics)
+  assert spec.speculative_step._cache_size() == before + 1
+  assert int(state.step) == 4 and (np.asarray(state.num_tokens) > args.prompt_len).all()
+
+  loop_before = spec.decode_loop_jit._cache_size()
+  for seed in range(3):
+    generate(tiny_pair, gamma=2, max_new_tokens=12, sampling=SamplingConfig(0.8), seed=seed)
+  assert spec.decode_loop_jit._cache_size() == loop_before + 1
+
+
+def test_manual_steps_equal_the_loop(tiny_pair):
+  """The jitted step, called from Python, gives the loop's tokens."""
+  target, tp, draft, dp = tiny_pair
+  sampling = SamplingConfig(1.0)
+  looped = generate(tiny_pair, gamma=2, max_new_tokens=10, sampling=sampling, seed=2)
+  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=draft, gamma=2,
+                               max_new_tokens=10, sampling=sampling, seed=2, row_ids=None,
+                               eos_id=None, pad_id=0, vocab_size=None, verifier=None)
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                          target_config=target, draft_config=draft, gamma=2, max_new_tokens=10)
+  while not bool(state.done.all()):
+    state = spec.speculative_step(tp, dp, state, **args.statics)
+  stepped = spec._finish(state, 10, 0)
+  np.testing.assert_array_equal(stepped.tokens, looped.tokens)
+
+
+# ------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("change,match", [
+    (dict(gamma=0), "gamma"),
+    (dict(gamma=2.5), "gamma"),
+    (dict(sampling="greedy"), "sampling"),
+    (dict(prompts=[]), "empty"),
+    (dict(prompts=[[1, 2], []]), "prompt 1 is empty"),
+    (dict(prompts=[[1.5, 2.0]]), "integer"),
+    (dict(prompts=np.zeros((2, 2, 2), np.int32)), "2-D"),
+    (dict(prompts="hello"), "list"),
+    (dict(prompts=[[1, 99]]), r"\[0, 32\)"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens=200), "exceeds the target cache"),
+    (dict(eos_id=40), "eos_id"),
+    (dict(seed=-1), "seed"),
+    (dict(row_ids=[0, 1]), "row_ids"),
+])
+def test_bad_input_raises_value_error(tiny_pair, change, match):
+  kw = dict(prompts=PROMPTS, gamma=2, max_new_tokens=8)
+  kw.update(change)
+  with pytest.raises(ValueError, match=match):
+    generate(tiny_pair, **kw)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-1), "top_k"),
+])
+def test_bad_sampling_settings(kw, match):
+  with pytest.raises(ValueError, match=match):
+    SamplingConfig(**kw)
+
+
+def test_vocab_mismatch_raises(tiny_pair):
+  target, tp, _, _ = tiny_pair
+  other = tiny_config(vocab=40, layers=1, width=16)
+  with pytest.raises(ValueError, match="vocabulary mismatch"):
+    speculative_generate(tp, tiny_model(other, 2), PROMPTS, target_config=target,
+                         draft_config=other, gamma=2, max_new_tokens=4)
+
+
+def test_padded_vocab_is_cut_to_the_true_vocabulary(tiny_pair):
+  """A draft whose vocabulary is padded to 40 works with vocab_size=32 and never emits ids >= 32."""
+  target, tp, _, _ = tiny_pair
+  other = tiny_config(vocab=40, layers=1, width=16)
+  out = speculative_generate(tp, tiny_model(other, 2), PROMPTS, target_config=target,
+                             draft_config=other, gamma=2, max_new_tokens=8, vocab_size=32,
+                             sampling=SamplingConfig(1.0))
+  assert out.tokens.max() < 32
+
+
+def test_params_config_mismatch_raises(tiny_pair):
+  target, tp, draft, dp = tiny_pair
+  with pytest.raises(ValueError, match="draft params do not match"):
+    speculative_generate(tp, tp, PROMPTS, target_config=target, draft_config=draft, gamma=2,
+                         max_new_tokens=4)
+
+
+# ------------------------------------------------------------------ multi-device
+
+MULTI_DEVICE = textwrap.dedent("""
+    import json, sys
+    import jax
+    sys.path.insert(0, "tests")
+    from helpers import tiny_config, tiny_model
+    from specdec_jax import SamplingConfig
+    from specdec_jax.parallel import pmap_generate
+    target = tiny_config(layers=2); draft = tiny_config(layers=1, width=16)
+    tp, dp = tiny_model(target, 0), tiny_model(draft, 1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15], [3, 3], [7]]
+    out, stats = pmap_generate(tp, dp, prompts, target_config=target, draft_config=draft,
+                               gamma=3, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=11)
+    print(json.dumps(dict(devices=jax.local_device_count(), tokens=out.tokens.tolist(),
+                          accepted=out.accepted.tolist(), stats=stats)))
+""")
+
+
+def _run_devices(n):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+         "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", MULTI_DEVICE], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_four_devices_equal_one_device(tiny_pair):
+  four, one = _run_devices(4), _run_devices(1)
+  assert four["devices"] == 4 and one["devices"] == 1
+  assert four["tokens"] == one["tokens"]
+  assert four["stats"] == one["stats"]
+  # And both equal the single-process, un-pmapped loop.
+  target, tp, draft, dp = tiny_pair
+  prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15], [3, 3], [7]]
+  ref = speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
+                             gamma=3, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=11)
+  assert ref.tokens.tolist() == one["tokens"]
+  live = ref.accepted >= 0
+  assert one["stats"]["accepted"] == int(ref.accepted[live].sum())
+  assert one["stats"]["generated"] == int(ref.lengths.sum())
