@@ -1,0 +1,67 @@
+"""The model itself: layouts, shapes and config errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import tiny_config, tiny_model
+from specdec_jax.model import (
+    ModelConfig,
+    forward,
+    init_cache,
+    param_shapes,
+    stack_layers,
+    unstack_layers,
+)
+
+
+def test_unstacked_layout_gives_the_same_logits_and_cache():
+  cfg = tiny_config(layers=3, qkv_bias=True)
+  params = tiny_model(cfg, 0, factor=3.0)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 7), 0, cfg.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(7), (2, 7))
+  a, ca = forward(params, tokens, pos, init_cache(cfg, 2, 8), config=cfg)
+  unstacked = unstack_layers(params)
+  assert "layers" not in unstacked and "layers_2" in unstacked
+  b, cb = forward(unstacked, tokens, pos, init_cache(cfg, 2, 8), config=cfg)
+  np.testing.assert_allclose(a, b, atol=1e-5)
+  np.testing.assert_allclose(ca["k"], cb["k"], atol=1e-6)
+  back = stack_layers(unstacked)
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda x, y: bool((x == y).all()),
+                                                       back, params))
+
+
+def test_param_shapes_match_init():
+  cfg = tiny_config(layers=2, tie_embeddings=False)
+  shapes = param_shapes(cfg)
+  assert shapes["head"].shape == (cfg.embed_dim, cfg.vocab_size)
+  assert shapes["layers"]["q"].shape == (2, cfg.embed_dim, cfg.num_heads, cfg.head_dim)
+
+
+def test_cache_only_call_skips_the_head():
+  cfg = tiny_config()
+  params = tiny_model(cfg, 0)
+  logits, cache = forward(params, jnp.zeros((1, 3), jnp.int32),
+                          jnp.arange(3)[None], init_cache(cfg, 1, 4), config=cfg,
+                          return_logits=False)
+  assert logits is None and int(cache["length"][0]) == 3
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(num_heads=5), "multiple of num_kv_heads"),
+    (dict(head_dim=7), "even"),
+    (dict(num_layers=0), "num_layers"),
+    (dict(dtype="float16"), "dtype"),
+])
+def test_bad_config(change, match):
+  base = dict(vocab_size=8, num_layers=1, embed_dim=8, mlp_dim=8, num_heads=4, num_kv_heads=2,
+              head_dim=2)
+  base.update(change)
+  with pytest.raises(ValueError, match=match):
+    ModelConfig(**base)
+
+
+def test_cache_larger_than_max_seq_len_raises():
+  with pytest.raises(ValueError, match="max_seq_len"):
+    init_cache(tiny_config(max_seq_len=8), 1, 9)
