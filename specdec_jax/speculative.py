@@ -81,20 +81,23 @@ class GenerationResult:
   def steps_per_row(self) -> np.ndarray:
     return (self.accepted >= 0).sum(axis=1)
 
+  def reached(self) -> np.ndarray:
+    """bool [B,steps,G]: drafted position j was reached (all drafts before it accepted)."""
+    j = np.arange(self.accept_prob.shape[-1])[None, None, :]
+    return (self.accepted[..., None] >= 0) & (j <= self.accepted[..., None])
+
   def acceptance_rate(self) -> float:
-    """Accepted drafts / drafted tokens over the steps that rows took."""
-    active = self.accepted >= 0
-    gamma = self.accept_prob.shape[-1]
-    if gamma == 0 or not active.any():
+    """Accepted drafts / reached drafted positions: Σ n / Σ min(n + 1, γ)."""
+    reached = self.reached()
+    if not reached.any():
       return float("nan")
-    return float(self.accepted[active].sum() / (active.sum() * gamma))
+    active = self.accepted >= 0
+    return float(self.accepted[active].sum() / reached.sum())
 
   def alpha(self) -> float:
-    """Mean exact acceptance probability Σ min(p,q) over drafted positions."""
-    active = self.accepted >= 0
-    if self.accept_prob.shape[-1] == 0 or not active.any():
-      return float("nan")
-    return float(self.accept_prob[active].mean())
+    """Mean exact acceptance probability Σ min(p,q) over reached drafted positions."""
+    reached = self.reached()
+    return float(self.accept_prob[reached].mean()) if reached.any() else float("nan")
 
   def tokens_per_step(self) -> float:
     steps = self.steps_per_row.sum()

@@ -102,5 +102,5 @@ def test_autoregressive_follows_target_distribution(pair):
 
 def test_empirical_acceptance_matches_exact_alpha(pair):
   """Mean accepted fraction ~ mean Σ min(p,q) (both over the same drafted positions)."""
-  out = sample_sequences(pair, 1, SamplingConfig(temperature=1.0), seed=5)
+  out = sample_sequences(pair, 3, SamplingConfig(temperature=1.0), seed=5)
   assert abs(out.acceptance_rate() - out.alpha()) < 0.01

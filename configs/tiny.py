@@ -1,0 +1,36 @@
+r"""A tiny random target with its own first layer as draft: the fast smoke-test pair.
+
+  python scripts/benchmark.py --config=configs/tiny.py
+  python scripts/generate.py --config=configs/tiny.py --prompt "abc" --json
+
+Random weights produce no sensible text; this config exercises the machinery and
+measures the step's compile time and loop overhead in seconds.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.tokenizer = "bytes"  # UTF-8 bytes, vocabulary 257
+  c.target = "random_tiny"
+  c.target_model = ml_collections.ConfigDict(dict(
+      num_layers=4, embed_dim=128, mlp_dim=384, num_heads=4, num_kv_heads=2, head_dim=32,
+      seed=1, logit_scale=4.0))
+  c.draft = "truncate:1"
+  c.draft_model = ml_collections.ConfigDict(dict(
+      num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=32))
+  c.dtype = "float32"
+  c.max_seq_len = 512
+  c.unstacked = True
+  c.chat = False
+  c.prompts = ("The quick brown fox", "jumps over", "the lazy dog.", "Lorem ipsum")
+  c.gamma = 3
+  c.temperature = 1.0
+  c.top_k = 0
+  c.top_p = 1.0
+  c.max_new_tokens = 64
+  c.batch_size = 4
+  c.seed = 0
+  c.repeats = 5
+  return c

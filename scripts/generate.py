@@ -1,0 +1,78 @@
+r"""Text in, text out: speculative (or, with --config.draft=none, plain) decoding.
+
+  python scripts/generate.py --config=configs/smollm2_135m.py \
+      [--config.key=value ...] --prompt "The capital of France is" [--json]
+
+Prints the continuation, then tokens/s, acceptance rate, tokens per step and
+α = mean Σ min(p,q). With --json, one JSON object (text, tokens, statistics, seed).
+"""
+
+import json
+import time
+
+import _bootstrap  # noqa: F401
+from absl import app, flags
+from ml_collections import config_flags
+
+from specdec_jax.loading import load_pair
+from specdec_jax.speculative import autoregressive_generate, speculative_generate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
+_PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeatable); default: config")
+_JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of text")
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  pair = load_pair(config, _PROMPT.value)
+  tok = pair.tokenizer
+  kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
+            eos_id=tok.eos_id, pad_id=tok.eos_id, vocab_size=pair.vocab_size)
+  if pair.draft_config is None:
+    def run():
+      return autoregressive_generate(pair.target_params, pair.prompts,
+                                     target_config=pair.target_config, **kw)
+  else:
+    def run():
+      return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
+                                  target_config=pair.target_config,
+                                  draft_config=pair.draft_config, gamma=config.gamma, **kw)
+  t0 = time.perf_counter()
+  out = run()  # includes compilation
+  first = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  out = run()  # timed without compilation
+  seconds = time.perf_counter() - t0
+  rows = []
+  for b in range(len(pair.prompts)):
+    ids = [i for i in out.row(b) if i != tok.eos_id]
+    rows.append(dict(text=tok.decode(ids), tokens=out.row(b)))
+  speculative = pair.draft_config is not None
+  result = dict(
+      text=rows[0]["text"], tokens=rows[0]["tokens"], rows=rows if len(rows) > 1 else None,
+      mode="speculative" if speculative else "autoregressive",
+      target=config.target, draft=config.draft if speculative else "none",
+      gamma=config.gamma if speculative else 0, temperature=config.temperature,
+      top_k=config.top_k, top_p=config.top_p, seed=config.seed,
+      generated_tokens=int(out.lengths.sum()), steps=out.num_steps,
+      tokens_per_second=float(out.lengths.sum() / seconds),
+      first_call_seconds=first,
+      acceptance_rate=out.acceptance_rate() if speculative else None,
+      tokens_per_step=out.tokens_per_step(),
+      alpha=out.alpha() if speculative else None)
+  if _JSON.value:
+    print(json.dumps(result))
+    return
+  for b, row in enumerate(rows):
+    print(f"--- row {b}: {row['text']}")
+  print(f"--- {result['mode']}: {result['generated_tokens']} tokens, "
+        f"{result['tokens_per_second']:.1f} tokens/s (first call {first:.1f} s)")
+  if speculative:
+    print(f"    acceptance rate {result['acceptance_rate']:.3f}, "
+          f"tokens/step {result['tokens_per_step']:.2f}, alpha {result['alpha']:.3f}")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

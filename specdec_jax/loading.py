@@ -1,0 +1,174 @@
+"""Builds the (tokenizer, target, draft) of a run from a config's name strings.
+
+  tokenizer  'smollm2' | '<path>.gguf' | 'bytes'
+  target     'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
+  draft      'none' | 'saved:<dir>' | 'truncate:<k>' (the target's first k layers and
+             head) | 'random' (dims from config.draft_model)
+
+Every model on a tokenizer's vocabulary is checked against it; a saved draft
+carries the tokenizer identity it was trained with, and a mismatch is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.model import ModelConfig, init_params
+
+
+class ByteTokenizer:
+  """UTF-8 bytes as tokens 0..255 with eos 256 (vocabulary 257); for tiny runs."""
+
+  vocab_size = 257
+  eos_id = 256
+  bos_id = 256
+  pad_id = 256
+  identity = "bytes-v1"
+
+  def encode(self, text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+  def decode(self, ids) -> str:
+    return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
+  def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    return "".join(m["content"] for m in messages)
+
+
+def load_tokenizer(name: str):
+  """'bytes' -> ByteTokenizer; 'smollm2' or a .gguf path -> `Tokenizer.from_gguf`."""
+  if name == "bytes":
+    return ByteTokenizer()
+  from specdec_jax.io.gguf import smollm2_path
+  from specdec_jax.tokenizer import Tokenizer
+  return Tokenizer.from_gguf(smollm2_path() if name == "smollm2" else name)
+
+
+def model_config(dims, vocab_size: int, **defaults) -> ModelConfig:
+  """A ModelConfig from a ConfigDict/dict of dims (unknown keys ignored) and a vocabulary."""
+  fields = {f.name for f in dataclasses.fields(ModelConfig)}
+  values = {**defaults, **{k: v for k, v in dict(dims).items() if k in fields}}
+  values["vocab_size"] = vocab_size
+  return ModelConfig(**values)
+
+
+def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
+                max_seq_len: int = 2048) -> tuple[ModelConfig, dict]:
+  """(config, params) of the target named `name` (see the module docstring)."""
+  if name == "random_tiny":
+    if dims is None:
+      raise ValueError("target 'random_tiny' needs config.target_model dims")
+    cfg = model_config(dims, tokenizer.vocab_size, max_seq_len=max_seq_len)
+    params = init_params(cfg, jax.random.PRNGKey(dims.get("seed", 0)))
+    scale = params["final_norm"]["scale"] * dims.get("logit_scale", 1.0)
+    return cfg, {**params, "final_norm": {"scale": scale}}
+  if name.startswith("saved:"):
+    from specdec_jax.io.checkpoint import load_params
+    params, cfg, _ = load_params(name[len("saved:"):], tokenizer_identity=tokenizer.identity)
+    return cfg, params
+  if name.startswith("hf:"):
+    from specdec_jax.io.safetensors import load_hf
+    return load_hf(name[3:], dtype=dtype, max_seq_len=max_seq_len)
+  from specdec_jax.io.gguf import load_gguf, smollm2_path
+  path = smollm2_path() if name == "smollm2" else name
+  if not path.endswith(".gguf"):
+    raise ValueError(f"unknown target {name!r}: expected 'smollm2', a .gguf path, 'hf:<dir>', "
+                     "'saved:<dir>' or 'random_tiny'")
+  return load_gguf(path, dtype=dtype, max_seq_len=max_seq_len)
+
+
+def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
+               seed: int = 0) -> tuple[ModelConfig | None, dict | None]:
+  """(config, params) of the draft, or (None, None) for 'none'."""
+  if name in ("none", "", None):
+    return None, None
+  if name.startswith("saved:"):
+    from specdec_jax.io.checkpoint import load_params
+    params, cfg, _ = load_params(name[len("saved:"):], tokenizer_identity=tokenizer.identity)
+    return cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len)), params
+  if name.startswith("truncate:"):
+    k = int(name.split(":", 1)[1])
+    if not 1 <= k <= target_config.num_layers:
+      raise ValueError(f"truncate:{k} needs 1 <= k <= {target_config.num_layers}")
+    cfg = target_config.replace(num_layers=k)
+    params = dict(target_params)
+    params["layers"] = jax.tree_util.tree_map(lambda x: x[:k], target_params["layers"])
+    return cfg, params
+  if name == "random":
+    if dims is None:
+      raise ValueError("draft 'random' needs config.draft_model dims")
+    cfg = model_config(dims, target_config.vocab_size, rope_theta=target_config.rope_theta,
+                       norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
+    return cfg, init_params(cfg, jax.random.PRNGKey(seed))
+  raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>' "
+                   "or 'random'")
+
+
+def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
+  """Token ids of each prompt text, through the chat template when `chat`."""
+  out = []
+  for text in texts:
+    if chat:
+      text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
+    ids = tokenizer.encode(text)
+    if not ids:
+      raise ValueError(f"prompt {text!r} encodes to no tokens")
+    out.append(ids)
+  return out
+
+
+def as_jax(params):
+  return jax.tree_util.tree_map(jnp.asarray, params)
+
+
+@dataclasses.dataclass
+class Pair:
+  """Everything a generation script needs, built from one config."""
+
+  tokenizer: object
+  target_config: ModelConfig
+  target_params: dict
+  draft_config: ModelConfig | None
+  draft_params: dict | None
+  prompts: list[list[int]]
+  sampling: "SamplingConfig"
+
+  @property
+  def vocab_size(self) -> int:
+    """The tokenizer's vocabulary: padded model rows past it are cut (exact zeros)."""
+    sizes = [self.target_config.vocab_size, self.tokenizer.vocab_size]
+    if self.draft_config is not None:
+      sizes.append(self.draft_config.vocab_size)
+    return min(sizes)
+
+
+def load_pair(config, prompts: list[str] | None = None) -> Pair:
+  """Tokenizer, target, draft, encoded prompts and sampling rules of a run config."""
+  from specdec_jax.model import unstack_layers
+  from specdec_jax.sampling import SamplingConfig
+
+  sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
+                            top_p=float(config.top_p))
+  tokenizer = load_tokenizer(config.tokenizer)
+  target_cfg, target_params = load_target(config.target, tokenizer, dims=config.target_model,
+                                          dtype=config.dtype, max_seq_len=config.max_seq_len)
+  if target_cfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"target vocabulary {target_cfg.vocab_size} is smaller than the "
+                     f"tokenizer's {tokenizer.vocab_size}")
+  draft_cfg, draft_params = load_draft(config.draft, tokenizer, target_cfg, target_params,
+                                       dims=config.draft_model, seed=config.seed)
+  texts = list(config.prompts if prompts is None else prompts)
+  if not texts:
+    raise ValueError("no prompts: pass --prompt TEXT or set config.prompts")
+  batch = int(config.get("batch_size", len(texts)))
+  texts = [texts[i % len(texts)] for i in range(batch)]
+  ids = encode_prompts(tokenizer, texts, chat=bool(config.chat))
+  if config.get("unstacked", False):
+    target_params = unstack_layers(target_params)
+    if draft_params is not None:
+      draft_params = unstack_layers(draft_params)
+  return Pair(tokenizer, target_cfg, as_jax(target_params), draft_cfg,
+              None if draft_params is None else as_jax(draft_params), ids, sampling)

@@ -1,0 +1,157 @@
+"""Theory beside measurement: Leviathan et al. §3 formulas and side-by-side timings.
+
+Letters: B batch, G = γ drafted tokens per step.
+
+  α                    mean exact acceptance probability Σ min(p, q)
+  E[tokens/step]       (1 - α^(G+1)) / (1 - α)                  (i.i.d. acceptance)
+  c                    draft step time / target step time      (one token, batch B)
+  v(k)                 target time for k tokens / for 1 token  (1 on ideal hardware)
+  predicted speedup    E[tokens/step] / (G c + v(G+1))
+
+Timings are wall-clock medians over repeats after a warm-up call, so compile time
+is excluded; the ratio speculative/autoregressive is measured in one process,
+on the same model, settings and prompts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.model import ModelConfig, forward, init_cache
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.speculative import autoregressive_generate, speculative_generate
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+  """(1 - α^(γ+1)) / (1 - α); γ + 1 at α = 1."""
+  if alpha >= 1.0:
+    return float(gamma + 1)
+  return float((1.0 - alpha ** (gamma + 1)) / (1.0 - alpha))
+
+
+def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+  """E[tokens/step] / (γ c + v(γ+1)); verify_cost = 1 gives Leviathan's formula."""
+  return expected_tokens_per_step(alpha, gamma) / (gamma * c + verify_cost)
+
+
+def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma: int = 8):
+  """(γ, predicted speedup) maximising the prediction; verify_costs maps k -> v(k)."""
+  scores = {g: predicted_speedup(alpha, g, c, verify_costs.get(g + 1, 1.0))
+            for g in range(1, max_gamma + 1)}
+  g = max(scores, key=scores.get)
+  return g, scores[g]
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+  """(first call seconds, median of `repeats` further calls) of fn (results blocked on)."""
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return first, float(np.median(times))
+
+
+def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
+                 repeats: int = 20, return_logits: bool = True) -> float:
+  """Median seconds of one cached forward of `tokens` new tokens after `context` ones."""
+  slots = context + tokens
+  cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
+  toks = jnp.zeros((batch, tokens), jnp.int32)
+  pos = context + jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+  fn = jax.jit(lambda p, c: forward(p, toks, pos, c, config=config,
+                                    return_logits=return_logits)[0 if return_logits else 1])
+  return median_seconds(lambda: fn(params, cache), repeats)[1]
+
+
+def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
+                      max_tokens: int, repeats: int = 20) -> dict[int, float]:
+  """v(k) = t(k tokens) / t(1 token) for k = 1..max_tokens."""
+  one = call_seconds(params, config, batch=batch, tokens=1, context=context, repeats=repeats)
+  return {k: (1.0 if k == 1 else call_seconds(params, config, batch=batch, tokens=k,
+                                               context=context, repeats=repeats) / one)
+          for k in range(1, max_tokens + 1)}
+
+
+def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
+                     draft_config: ModelConfig, *, batch: int, context: int,
+                     repeats: int = 20) -> float:
+  """c = draft step time / target step time (one token each, same batch and context)."""
+  t = call_seconds(target_params, target_config, batch=batch, tokens=1, context=context,
+                   repeats=repeats)
+  d = call_seconds(draft_params, draft_config, batch=batch, tokens=1, context=context,
+                   repeats=repeats)
+  return d / t
+
+
+@dataclasses.dataclass
+class SideBySide:
+  """One benchmark: both samplers on the same prompts, settings and seed."""
+
+  gamma: int
+  batch: int
+  max_new_tokens: int
+  ar_tokens_per_s: float
+  sd_tokens_per_s: float
+  speedup: float  # sd / ar tokens per second
+  ar_compile_s: float  # first call minus median call (compile + first run overhead)
+  sd_compile_s: float
+  acceptance_rate: float  # accepted drafts / drafted
+  alpha: float  # mean Σ min(p, q) over drafted positions
+  tokens_per_step: float
+  predicted_tokens_per_step: float
+  repeats: int
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def side_by_side(target_params, target_config: ModelConfig, draft_params,
+                 draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
+                 sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
+                 eos_id: int | None = None, vocab_size: int | None = None) -> SideBySide:
+  """Times autoregressive and speculative generation alternately, median of repeats."""
+  common = dict(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_id=eos_id,
+                vocab_size=vocab_size)
+
+  def ar():
+    return autoregressive_generate(target_params, prompts, target_config=target_config, **common)
+
+  def sd():
+    return speculative_generate(target_params, draft_params, prompts,
+                                target_config=target_config, draft_config=draft_config,
+                                gamma=gamma, **common)
+
+  first = {}
+  for name, fn in (("ar", ar), ("sd", sd)):
+    t0 = time.perf_counter()
+    fn()
+    first[name] = time.perf_counter() - t0
+  times = {"ar": [], "sd": []}
+  results = {}
+  for _ in range(repeats):  # interleaved, so drifts in machine load hit both alike
+    for name, fn in (("ar", ar), ("sd", sd)):
+      t0 = time.perf_counter()
+      results[name] = fn()
+      times[name].append(time.perf_counter() - t0)
+  med = {k: float(np.median(v)) for k, v in times.items()}
+  ar_tps = results["ar"].lengths.sum() / med["ar"]
+  sd_tps = results["sd"].lengths.sum() / med["sd"]
+  out = results["sd"]
+  alpha = out.alpha()
+  return SideBySide(
+      gamma=gamma, batch=len(prompts), max_new_tokens=max_new_tokens,
+      ar_tokens_per_s=float(ar_tps), sd_tokens_per_s=float(sd_tps),
+      speedup=float(sd_tps / ar_tps), ar_compile_s=first["ar"] - med["ar"],
+      sd_compile_s=first["sd"] - med["sd"], acceptance_rate=out.acceptance_rate(), alpha=alpha,
+      tokens_per_step=out.tokens_per_step(),
+      predicted_tokens_per_step=expected_tokens_per_step(alpha, gamma), repeats=repeats)
