@@ -1,0 +1,99 @@
+r"""Speculative vs autoregressive decoding, side by side in one process.
+
+  python scripts/benchmark.py --config=configs/tiny.py [--gammas=1,2,4] [--out=FILE.json]
+  python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=truncate:2
+
+Same model, prompts, settings and seed for both samplers; compile time excluded
+(a warm-up call each); the timed calls alternate and the median of
+--config.repeats is reported. Also prints the measured acceptance, α, the step's
+compile time, the cost coefficient c, the verify-cost curve v(k) and the
+Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
+"""
+
+import json
+import platform
+import time
+
+import _bootstrap  # noqa: F401
+import jax
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+from specdec_jax import speculative as spec
+from specdec_jax import studies
+from specdec_jax.loading import load_pair
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
+_GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run (default: config.gamma)")
+_OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
+
+
+def step_compile_seconds(pair, config, gamma: int) -> float:
+  """Seconds to lower and compile the jitted `speculative_step` alone."""
+  args = spec.prepare_generate(
+      pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
+      gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
+      seed=config.seed, row_ids=None, eos_id=None, pad_id=0, vocab_size=pair.vocab_size,
+      verifier=None)
+  state = spec.init_state_jit(pair.target_params, pair.draft_params, args.tokens,
+                              args.prompt_len, args.row_keys, target_config=pair.target_config,
+                              draft_config=pair.draft_config, gamma=gamma,
+                              max_new_tokens=config.max_new_tokens)
+  t0 = time.perf_counter()
+  spec.speculative_step.lower(pair.target_params, pair.draft_params, state,
+                              **args.statics).compile()
+  return time.perf_counter() - t0
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  pair = load_pair(config)
+  if pair.draft_config is None:
+    raise ValueError("benchmark needs a draft: set --config.draft")
+  gammas = [int(g) for g in (_GAMMAS.value or [config.gamma])]
+  batch = len(pair.prompts)
+  context = int(np.mean([len(p) for p in pair.prompts])) + config.max_new_tokens // 2
+  c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
+                               pair.draft_config, batch=batch, context=context)
+  v = studies.verify_cost_curve(pair.target_params, pair.target_config, batch=batch,
+                                context=context, max_tokens=max(gammas) + 1)
+  target_ms = 1e3 * studies.call_seconds(pair.target_params, pair.target_config, batch=batch,
+                                         tokens=1, context=context)
+  print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
+        f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
+        f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}")
+  print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
+        + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
+  rows = []
+  header = ("gamma", "AR tok/s", "SD tok/s", "speedup", "accept", "alpha", "tok/step",
+            "pred tok/step", "pred speedup", "step compile s")
+  print(" | ".join(header))
+  for gamma in gammas:
+    compile_s = step_compile_seconds(pair, config, gamma)
+    res = studies.side_by_side(
+        pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
+        pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
+        sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
+        vocab_size=pair.vocab_size)
+    pred = studies.predicted_speedup(res.alpha, gamma, c, v[gamma + 1])
+    row = {**res.to_dict(), "c": c, "v": v[gamma + 1], "predicted_speedup": pred,
+           "leviathan_speedup": studies.predicted_speedup(res.alpha, gamma, c, 1.0),
+           "step_compile_s": compile_s}
+    rows.append(row)
+    print(f"{gamma} | {res.ar_tokens_per_s:.1f} | {res.sd_tokens_per_s:.1f} | "
+          f"{res.speedup:.2f}x | {res.acceptance_rate:.3f} | {res.alpha:.3f} | "
+          f"{res.tokens_per_step:.2f} | {res.predicted_tokens_per_step:.2f} | {pred:.2f}x | "
+          f"{compile_s:.2f}")
+  if _OUT.value:
+    meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
+                machine=platform.machine(), target_call_ms=target_ms, c=c,
+                verify_cost={str(k): x for k, x in v.items()})
+    with open(_OUT.value, "w") as f:
+      json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)
