@@ -118,8 +118,13 @@ class SideBySide:
 def side_by_side(target_params, target_config: ModelConfig, draft_params,
                  draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
                  sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
-                 eos_id: int | None = None, vocab_size: int | None = None) -> SideBySide:
-  """Times autoregressive and speculative generation alternately, median of repeats."""
+                 eos_id: int | None = None, vocab_size: int | None = None,
+                 return_results: bool = False):
+  """Times autoregressive and speculative generation alternately, median of repeats.
+
+  Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with
+  return_results.
+  """
   common = dict(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_id=eos_id,
                 vocab_size=vocab_size)
 
@@ -148,10 +153,11 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   sd_tps = results["sd"].lengths.sum() / med["sd"]
   out = results["sd"]
   alpha = out.alpha()
-  return SideBySide(
+  summary = SideBySide(
       gamma=gamma, batch=len(prompts), max_new_tokens=max_new_tokens,
       ar_tokens_per_s=float(ar_tps), sd_tokens_per_s=float(sd_tps),
       speedup=float(sd_tps / ar_tps), ar_compile_s=first["ar"] - med["ar"],
       sd_compile_s=first["sd"] - med["sd"], acceptance_rate=out.acceptance_rate(), alpha=alpha,
       tokens_per_step=out.tokens_per_step(),
       predicted_tokens_per_step=expected_tokens_per_step(alpha, gamma), repeats=repeats)
+  return (summary, out) if return_results else summary

