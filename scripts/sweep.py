@@ -1,0 +1,46 @@
+r"""Acceptance and speed against γ over drafts, temperatures and batch sizes.
+
+  PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_tiny.py --workdir=DIR
+  PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_smollm2.py \
+      --workdir=runs/sweep_smollm2
+
+Writes DIR/results.csv (deterministic: byte-identical for the same config, seed and
+code), DIR/results_timing.csv, batch.csv, batch_timing.csv, best_gamma.csv,
+results.json and the plots tokens_per_step.png, speedup.png, accept_by_position.png
+(see specdec_jax/sweep.py). Prints the grid as a table and the wall time.
+"""
+
+import time
+
+import _bootstrap  # noqa: F401
+from absl import app, flags
+from ml_collections import config_flags
+
+from specdec_jax import sweep
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/sweep_*.py file",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
+
+
+def main(argv):
+  del argv
+  t0 = time.perf_counter()
+  results = sweep.run_sweep(_CONFIG.value, _WORKDIR.value)
+  print(sweep.summary_table(results["grid"]))
+  for row in results["batch"]:
+    print(f"batch {row['batch']:>2}: speedup {row['time_speedup']:.2f}x  "
+          f"SD {row['time_sd_tokens_per_s']:.0f} tok/s  AR {row['time_ar_tokens_per_s']:.0f} "
+          f"tok/s  idle row-steps {row['idle_fraction']:.3f}  tokens/step per row "
+          f"{row['tokens_per_row_step']:.2f} vs per loop step {row['tokens_per_loop_step']:.2f}")
+  for row in results["best_gamma"]:
+    print(f"best γ {row['draft_name']} T={row['temperature']:g}: measured "
+          f"{row['time_best_gamma_measured']} ({row['time_best_speedup_measured']:.2f}x), "
+          f"predicted {row['time_best_gamma_predicted']} "
+          f"({row['time_best_speedup_predicted']:.2f}x)")
+  print(f"wrote {_WORKDIR.value}; wall time {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main)
