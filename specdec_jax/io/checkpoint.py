@@ -1,0 +1,210 @@
+"""Orbax checkpoints for training runs, and finished drafts for generation scripts.
+
+A training checkpoint (`Checkpointer`) is one orbax step directory holding two items:
+
+  state  the train state pytree (params, optimizer state, step, RNG key), saved with
+         `StandardSave` and restored with `StandardRestore` into the run's own tree;
+  meta   JSON: `identity` (the draft ModelConfig dict, the tokenizer identity and the
+         target identity) and `extra` (the data position and whatever the loop adds).
+
+Orbax writes each step into a temporary directory and renames it when complete, so a
+killed process leaves either a whole checkpoint or none (its debris is cleaned up on the
+next start). Restoring checks `identity` first and raises ValueError naming both sides
+when the run's draft config, tokenizer or target differ from the checkpoint's.
+
+A finished draft (`save_params` / `load_params`) is a directory with `params/` (orbax)
+and `model.json` (the ModelConfig dict, the tokenizer identity and free-form extras).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from specdec_jax.model import ModelConfig, init_params
+
+PyTree = Any
+IDENTITY_KEYS = ("draft_config", "tokenizer", "target")
+
+
+# --------------------------------------------------------------------------- identities
+
+def params_checksum(params: PyTree) -> str:
+  """sha256 hex over every leaf's path, dtype, shape and bytes (path order)."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    arr = np.asarray(jax.device_get(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{arr.dtype}|{arr.shape}|".encode())
+    h.update(np.ascontiguousarray(arr).tobytes())
+  return h.hexdigest()
+
+
+def config_hash(config: ModelConfig) -> str:
+  blob = json.dumps(config.to_dict(), sort_keys=True)
+  return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def target_identity(config: ModelConfig | None, params: PyTree | None) -> str:
+  """'config:<16 hex>-params:<16 hex>' for a target; 'none' when there is no target."""
+  if config is None:
+    return "none"
+  return f"config:{config_hash(config)[:16]}-params:{params_checksum(params)[:16]}"
+
+
+def run_identity(draft_config: ModelConfig, tokenizer_identity: str,
+                 target: str) -> dict[str, Any]:
+  """The identity a checkpoint carries and a restore must match."""
+  return {"draft_config": draft_config.to_dict(), "tokenizer": str(tokenizer_identity),
+          "target": str(target)}
+
+
+def _describe_mismatch(name: str, saved, current) -> str:
+  if isinstance(saved, dict) and isinstance(current, dict):
+    keys = sorted(set(saved) | set(current))
+    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}"
+             for k in keys if saved.get(k) != current.get(k)]
+    return f"{name} differs ({'; '.join(diffs)})"
+  return f"{name} differs: checkpoint {saved!r} vs run {current!r}"
+
+
+def check_identity(saved: dict, current: dict, where: str) -> None:
+  """Raises ValueError listing every identity field where `saved` and `current` differ."""
+  problems = [_describe_mismatch(k, saved.get(k), current.get(k))
+              for k in IDENTITY_KEYS if saved.get(k) != current.get(k)]
+  if problems:
+    raise ValueError(f"cannot restore {where}: " + "; ".join(problems)
+                     + ". Use a fresh workdir or the original settings.")
+
+
+def _abstract(tree: PyTree) -> PyTree:
+  return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+
+
+# --------------------------------------------------------------------------- training
+
+class Checkpointer:
+  """A `CheckpointManager` for one run: save every `save_every` steps, keep the last `keep`.
+
+  Saves are synchronous (a returned `save` is on disk) unless async_save=True.
+  """
+
+  def __init__(self, directory: str | os.PathLike, *, identity: dict[str, Any],
+               save_every: int, keep: int, async_save: bool = False):
+    if save_every < 1 or keep < 1:
+      raise ValueError(f"save_every and keep must be >= 1, got {save_every}, {keep}")
+    self.directory = pathlib.Path(directory).absolute()
+    self.identity = json.loads(json.dumps(identity))  # as it reads back from JSON
+    self.save_every = int(save_every)
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=save_every, max_to_keep=keep, create=True,
+        cleanup_tmp_directories=True, enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def save(self, step: int, state: PyTree, *, extra: dict | None = None,
+           force: bool = False) -> bool:
+    """Saves `state` at `step` if step % save_every == 0 (or force). Returns whether it saved."""
+    if not force and step % self.save_every:
+      return False
+    meta = {"identity": self.identity, "extra": dict(extra or {}), "step": int(step)}
+    return self._manager.save(int(step), force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+  def read_meta(self, step: int) -> dict:
+    return self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))["meta"]
+
+  def restore_latest(self, like: PyTree) -> tuple[PyTree, dict] | None:
+    """(state, extra) of the latest checkpoint, restored into the tree of `like`; or None.
+
+    Raises ValueError if the checkpoint's identity differs from this run's.
+    """
+    step = self.latest_step()
+    if step is None:
+      return None
+    meta = self.read_meta(step)
+    check_identity(meta["identity"], self.identity, f"checkpoint {self.directory / str(step)}")
+    state = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(_abstract(like))))["state"]
+    return state, meta["extra"]
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def restore_latest(directory: str | os.PathLike, like: PyTree, *,
+                   identity: dict[str, Any]) -> tuple[PyTree, dict] | None:
+  """(state, extra) of the latest checkpoint in `directory`, or None if there is none."""
+  if not pathlib.Path(directory).exists():
+    return None
+  with Checkpointer(directory, identity=identity, save_every=1, keep=2**31 - 1) as ckpt:
+    return ckpt.restore_latest(like)
+
+
+# --------------------------------------------------------------------------- finished drafts
+
+_MODEL_JSON = "model.json"
+
+
+def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfig, *,
+                tokenizer_identity: str, extra: dict | None = None) -> pathlib.Path:
+  """Writes `directory/params` (orbax) and `directory/model.json`; replaces an old save."""
+  directory = pathlib.Path(directory).absolute()
+  directory.mkdir(parents=True, exist_ok=True)
+  (directory / _MODEL_JSON).unlink(missing_ok=True)  # no stale sidecar vouches for new params
+  with ocp.StandardCheckpointer() as ckptr:
+    ckptr.save(directory / "params", params, force=True)
+    ckptr.wait_until_finished()
+  meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
+          "params_sha256": params_checksum(params), "extra": dict(extra or {})}
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".json")
+  with os.fdopen(fd, "w") as f:
+    json.dump(meta, f, indent=1)
+  os.replace(tmp, directory / _MODEL_JSON)
+  return directory
+
+
+def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None = None,
+                ) -> tuple[dict, ModelConfig, dict]:
+  """(params, config, meta) of a `save_params` directory.
+
+  Raises FileNotFoundError if it is incomplete, ValueError if `tokenizer_identity` is
+  given and differs from the saved one.
+  """
+  directory = pathlib.Path(directory).absolute()
+  meta_path = directory / _MODEL_JSON
+  if not meta_path.exists():
+    raise FileNotFoundError(f"{meta_path} not found: not a finished save_params directory")
+  meta = json.loads(meta_path.read_text())
+  if tokenizer_identity is not None and meta["tokenizer"] != str(tokenizer_identity):
+    raise ValueError(f"{directory} was trained with tokenizer {meta['tokenizer'][:16]}..., "
+                     f"but this run uses {str(tokenizer_identity)[:16]}...")
+  config = ModelConfig(**meta["config"])
+  like = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+  with ocp.StandardCheckpointer() as ckptr:
+    params = ckptr.restore(directory / "params", like)
+  return params, config, meta
