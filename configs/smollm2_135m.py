@@ -25,8 +25,15 @@ def get_config() -> ml_collections.ConfigDict:
   c.dtype = "float32"  # bfloat16 is 7.5x slower on XLA:CPU (REFERENCE.md §2)
   c.max_seq_len = 1024
   c.unstacked = True  # per-layer params: an unrolled layer loop, faster per token on CPU
-  c.chat = True  # wrap each prompt in the ChatML template
-  c.prompts = ("Write a short story about a lighthouse keeper.",)
+  c.chat = False  # True wraps each prompt in the ChatML template
+  # Openings of held-out documents (Luke; Coriolanus): the draft was distilled on the
+  # other books and plays, so these measure acceptance on text it has not seen.
+  c.prompts = (
+      "In those days, a decree went out from Caesar Augustus that all the world should be "
+      "enrolled. This was the first enrollment made when Quirinius was governor of Syria.",
+      "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
+      "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
+  )
   c.gamma = 4
   c.temperature = 0.0
   c.top_k = 0
