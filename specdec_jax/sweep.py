@@ -303,6 +303,16 @@ def _expand_positions(stats: dict, width: int) -> dict:
   return out
 
 
+def _measure_cell(runner: _Runner, name: str, groups, gamma: int, temperature: float, config):
+  """(pooled statistics, time_ fields) of one draft/γ/T on `groups`, both samplers timed."""
+  ar_fn, ar_results = runner.autoregressive(groups, temperature=temperature,
+                                            max_new_tokens=config.max_new_tokens)
+  sd_fn = runner.speculative(name, groups, gamma=gamma, temperature=temperature,
+                             max_new_tokens=config.max_new_tokens)
+  results, timing = _timed(sd_fn, ar_fn, ar_results, int(config.repeats))
+  return generation_stats(results, gamma), timing
+
+
 def run_grid(models: Models, config, prompts, costs: dict, runner: _Runner, bar=None) -> list:
   """One row per (draft, temperature, γ) cell; deterministic fields, then time_ fields."""
   groups = _groups(prompts, int(config.grid_batch))
@@ -310,12 +320,7 @@ def run_grid(models: Models, config, prompts, costs: dict, runner: _Runner, bar=
   rows = []
   for name, temperature, gamma in itertools.product(models.drafts, config.temperatures,
                                                     config.gammas):
-    ar_fn, ar_results = runner.autoregressive(groups, temperature=temperature,
-                                              max_new_tokens=config.max_new_tokens)
-    sd_fn = runner.speculative(name, groups, gamma=gamma, temperature=temperature,
-                               max_new_tokens=config.max_new_tokens)
-    results, timing = _timed(sd_fn, ar_fn, ar_results, int(config.repeats))
-    stats = generation_stats(results, gamma)
+    stats, timing = _measure_cell(runner, name, groups, gamma, temperature, config)
     row = dict(kind="grid", draft_name=name, draft=models.drafts[name][0],
                temperature=float(temperature), gamma=int(gamma),
                **_cell_config(config, runner.env), num_prompts=len(prompts),
@@ -340,12 +345,7 @@ def run_batch_study(models: Models, config, prompts, runner: _Runner, bar=None) 
   for batch in config.batch_sizes:
     ids = np.arange(int(batch))
     groups = [(ids, [prompts[i % len(prompts)] for i in ids])]
-    ar_fn, ar_results = runner.autoregressive(groups, temperature=temperature,
-                                              max_new_tokens=config.max_new_tokens)
-    sd_fn = runner.speculative(name, groups, gamma=gamma, temperature=temperature,
-                               max_new_tokens=config.max_new_tokens)
-    results, timing = _timed(sd_fn, ar_fn, ar_results, int(config.repeats))
-    stats = generation_stats(results, gamma)
+    stats, timing = _measure_cell(runner, name, groups, gamma, temperature, config)
     call = _caller(batch=int(batch), context=context, repeats=int(config.cost_repeats))
     t1 = call(models.target_params, models.target_config, 1)
     c = call(draft_params, draft_cfg, 1) / t1

@@ -1,10 +1,11 @@
 """Helpers shared by the tests: tiny random models and a chi-square check."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from specdec_jax.model import ModelConfig, init_params
+from specdec_jax.model import ModelConfig, init_params, param_shapes
 
 # A correct sampler fails a chi-square test at this level with probability 1e-3.
 SIGNIFICANCE = 1e-3
@@ -25,6 +26,16 @@ def tiny_config(vocab=32, layers=2, width=32, max_seq_len=64, **kw):
 
 def tiny_model(config, seed, factor=15.0):
   return sharpen(init_params(config, jax.random.PRNGKey(seed)), factor)
+
+
+def noise_params(config, seed=0, scale=0.1):
+  """init_params(config)'s tree filled with numpy noise (norm scales near 1); compiles nothing."""
+  rng = np.random.default_rng(seed)
+
+  def fill(path, s):
+    base = 1.0 if "scale" in jax.tree_util.keystr(path) else 0.0
+    return jnp.asarray(base + scale * rng.standard_normal(s.shape), s.dtype)
+  return jax.tree_util.tree_map_with_path(fill, param_shapes(config))
 
 
 def chi_square_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:

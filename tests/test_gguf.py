@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from helpers import noise_params
 from specdec_jax.io import gguf as gguf_io
 from specdec_jax.io.gguf import load_gguf, permute_for_gguf, smollm2_path
 from specdec_jax.model import ModelConfig, forward, init_cache, init_params
@@ -136,13 +137,7 @@ def _write_gguf(path, cfg, params, arch="llama", ffn_rows=None):
 
 
 def _random_params(cfg, seed=0):
-  """Params of init_params(cfg)'s tree filled with numpy noise (norm scales near 1); no compile."""
-  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-  rng = np.random.default_rng(seed)
-  def fill(path, s):
-    base = 1.0 if "scale" in jax.tree_util.keystr(path) else 0.0
-    return jnp.asarray(base + 0.1 * rng.standard_normal(s.shape), s.dtype)
-  return jax.tree_util.tree_map_with_path(fill, shapes)
+  return noise_params(cfg, seed, scale=0.1)
 
 
 @pytest.mark.parametrize("arch,tie", [("llama", True), ("llama", False), ("qwen2", True)])

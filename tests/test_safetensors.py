@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from helpers import noise_params
 from specdec_jax.io.safetensors import export_hf, load_hf, to_hf_tensors
 from specdec_jax.model import ModelConfig, forward, init_cache, init_params
 
@@ -29,13 +30,7 @@ def _config(arch="llama", tie=True, dtype="float32"):
 
 
 def _random_params(cfg, seed=0):
-  """Params of init_params(cfg)'s tree filled with numpy noise (norm scales near 1); no compile."""
-  shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-  rng = np.random.default_rng(seed)
-  def fill(path, s):
-    base = 1.0 if "scale" in jax.tree_util.keystr(path) else 0.0
-    return jnp.asarray(base + 0.25 * rng.standard_normal(s.shape), s.dtype)
-  return jax.tree_util.tree_map_with_path(fill, shapes)
+  return noise_params(cfg, seed, scale=0.25)
 
 
 def _logits(cfg, params, tokens=TOKENS):
