@@ -17,7 +17,7 @@ import time
 import _bootstrap  # noqa: F401
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import speculative as spec
@@ -48,6 +48,7 @@ def step_compile_seconds(pair, config, gamma: int) -> float:
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   config = _CONFIG.value
   pair = load_pair(config)
   if pair.draft_config is None:

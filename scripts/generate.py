@@ -11,7 +11,7 @@ import json
 import time
 
 import _bootstrap  # noqa: F401
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specdec_jax.loading import load_pair
@@ -24,6 +24,7 @@ _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of text"
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   config = _CONFIG.value
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer

@@ -15,7 +15,7 @@ import os
 import pathlib
 
 import _bootstrap  # noqa: F401
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import studies
@@ -53,6 +53,7 @@ def ensure_draft(config, distill_config) -> None:
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   os.chdir(_bootstrap.ROOT)
   config = _CONFIG.value
   ensure_draft(config, _DISTILL.value)

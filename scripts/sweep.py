@@ -13,7 +13,7 @@ results.json and the plots tokens_per_step.png, speedup.png, accept_by_position.
 import time
 
 import _bootstrap  # noqa: F401
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import sweep
@@ -25,6 +25,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "output directory")
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read at INFO
   t0 = time.perf_counter()
   results = sweep.run_sweep(_CONFIG.value, _WORKDIR.value)
   print(sweep.summary_table(results["grid"]))
