@@ -34,7 +34,7 @@ def get_config() -> ml_collections.ConfigDict:
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
-  c.gamma = 4
+  c.gamma = 2  # best measured for the distilled draft (README: acceptance versus γ)
   c.temperature = 0.0
   c.top_k = 0
   c.top_p = 1.0
