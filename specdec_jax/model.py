@@ -184,7 +184,7 @@ class Transformer(nn.Module):
   unstacked=False: params['layers'] holds every block stacked on a leading L axis
     and the blocks run under `nn.scan` (fast to compile; the layout we store).
   unstacked=True: params['layers_0' .. 'layers_{L-1}'] and an unrolled loop
-    (about 2x faster per token on CPU; see `unstack_layers`).
+    (16.1 vs 19.4 ms/token for SmolLM2 on 2 CPU cores; see `unstack_layers`).
   """
 
   config: ModelConfig
