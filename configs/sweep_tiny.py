@@ -1,10 +1,10 @@
 r"""Acceptance and speed against γ on the tiny random pair: the fast, reproducible sweep.
 
   PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_tiny.py \
-      --workdir=/tmp/sweepA
+      --workdir=runs/sweep_tiny_A
   PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_tiny.py \
-      --workdir=/tmp/sweepB
-  cmp /tmp/sweepA/results.csv /tmp/sweepB/results.csv   # identical (timings are elsewhere)
+      --workdir=runs/sweep_tiny_B
+  cmp runs/sweep_tiny_A/results.csv runs/sweep_tiny_B/results.csv   # identical (timings are elsewhere)
 
 Expected: about 1.5-2 minutes on 2 CPU cores, mostly XLA compiles (~4 s per cell).
 The target is configs/tiny.py's random 4-layer model; its own first layer
