@@ -67,6 +67,12 @@ def warp(logits: Array, temperature: float = 1.0, top_k: int = 0, top_p: float =
   return jax.nn.softmax(logits, axis=-1)
 
 
-def sample(key: Array, probs: Array) -> Array:
-  """One token id per row from probs[..., V] (exact zeros are never drawn)."""
+def sample(key: Array, probs: Array, greedy: bool = False) -> Array:
+  """One token id per row from probs[..., V] (exact zeros are never drawn).
+
+  greedy=True (static; for the one-hot probs of temperature 0) takes the argmax,
+  the same token, without drawing V Gumbel variates.
+  """
+  if greedy:
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
   return jax.random.categorical(key, jnp.log(probs), axis=-1).astype(jnp.int32)

@@ -219,7 +219,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
     logits, cache = forward(draft_params, token[:, None], pos[:, None], cache,
                             config=draft_config)
     q = warp_fn(logits[:, 0, :vocab_size])
-    x = jax.vmap(sample)(keys, q)
+    x = jax.vmap(functools.partial(sample, greedy=sampling.temperature == 0))(keys, q)
     return (cache, x, pos + 1), (x, q)
 
   draft_cache = _with_length(state.draft_cache, length)
@@ -255,7 +255,8 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
   logits, target_cache = forward(target_params, _pending(state)[:, None], length[:, None],
                                  _with_length(state.target_cache, length), config=target_config)
   p = warp(logits[:, 0, :vocab_size], sampling.temperature, sampling.top_k, sampling.top_p)
-  token = jax.vmap(sample)(_step_keys(state), p)
+  greedy = sampling.temperature == 0
+  token = jax.vmap(functools.partial(sample, greedy=greedy))(_step_keys(state), p)
   live = ~state.done
   state = state.replace(accepted=state.accepted.at[:, state.step].set(jnp.where(live, 0, -1)))
   state, _ = _emit(state, token[:, None], jnp.ones_like(length), eos_id=eos_id,
