@@ -3,7 +3,8 @@
 Einsum letters:
   B batch, T query length (tokens in this call), S cache slots (keys),
   L layers, D model width, F MLP width, N query heads, K kv heads,
-  G query heads per kv head (N = K * G), H head dim, V vocabulary.
+  G query heads per kv head (N = K * G), H head dim, V vocabulary,
+  C columns of a vocabulary-subset head (`ModelConfig.head_tokens`).
 
 The model is a pure function
 
@@ -61,6 +62,9 @@ class ModelConfig:
   tie_embeddings: bool = True
   qkv_bias: bool = False  # Qwen2 has biases on q, k and v
   dtype: str = "float32"  # params, activations and cache
+  # A vocabulary-subset head: the C sorted token ids the own head [D,C] scores; every
+  # other token gets logit -inf (probability exactly 0). () = the full vocabulary.
+  head_tokens: tuple[int, ...] = dataclasses.field(default=(), repr=False)
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "embed_dim", "mlp_dim", "num_heads",
@@ -75,6 +79,21 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
     if self.dtype not in _DTYPES:
       raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+    tokens = tuple(int(t) for t in self.head_tokens)  # a list from JSON -> hashable tuple
+    object.__setattr__(self, "head_tokens", tokens)
+    if tokens:
+      if self.tie_embeddings:
+        raise ValueError("head_tokens (a vocabulary-subset head) needs tie_embeddings=False")
+      if tokens[0] < 0 or tokens[-1] >= self.vocab_size or any(
+          a >= b for a, b in zip(tokens, tokens[1:])):
+        raise ValueError(f"head_tokens must be strictly increasing ids in [0, "
+                         f"{self.vocab_size}), got {len(tokens)} ids from {tokens[0]} to "
+                         f"{tokens[-1]}")
+
+  @property
+  def head_size(self) -> int:
+    """Columns of the head: C = len(head_tokens) for a subset head, else V."""
+    return len(self.head_tokens) or self.vocab_size
 
   @property
   def jnp_dtype(self):
@@ -191,7 +210,8 @@ class Transformer(nn.Module):
   unstacked: bool = False
 
   @nn.compact
-  def __call__(self, tokens, positions, cache, return_logits: bool = True):
+  def __call__(self, tokens, positions, cache, return_logits: bool = True,
+               full_vocab: bool = True):
     cfg = self.config
     dt = cfg.jnp_dtype
     embed = self.param("embed", nn.initializers.normal(stddev=0.02),
@@ -222,8 +242,11 @@ class Transformer(nn.Module):
       logits = jnp.einsum("btd,vd->btv", x, embed, preferred_element_type=jnp.float32)
     else:
       head = self.param("head", nn.initializers.normal(stddev=0.02),
-                        (cfg.embed_dim, cfg.vocab_size), dt)
+                        (cfg.embed_dim, cfg.head_size), dt)
       logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+      if cfg.head_tokens and full_vocab:
+        full = jnp.full(logits.shape[:-1] + (cfg.vocab_size,), -jnp.inf, logits.dtype)
+        logits = full.at[..., jnp.asarray(cfg.head_tokens, jnp.int32)].set(logits)
     return logits, new_cache
 
 
@@ -265,14 +288,17 @@ def stack_layers(params) -> dict:
 
 
 def forward(params, tokens: Array, positions: Array, cache: Cache, *,
-            config: ModelConfig, return_logits: bool = True):
+            config: ModelConfig, return_logits: bool = True, full_vocab: bool = True):
   """(params, tokens[B,T], positions[B,T], cache) -> (logits[B,T,V] float32 | None, cache).
 
   params may be stacked or unstacked (see `Transformer`). With return_logits=False
-  the final norm and head are skipped (a cache-only call).
+  the final norm and head are skipped (a cache-only call). A vocabulary-subset head
+  (`ModelConfig.head_tokens`) gives -inf outside its C tokens; full_vocab=False returns
+  its C columns [B,T,C] instead (what distillation trains on).
   """
   model = Transformer(config, unstacked=is_unstacked(params))
-  return model.apply({"params": params}, tokens, positions, cache, return_logits=return_logits)
+  return model.apply({"params": params}, tokens, positions, cache, return_logits=return_logits,
+                     full_vocab=full_vocab)
 
 
 def param_count(params) -> int:

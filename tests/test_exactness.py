@@ -7,7 +7,7 @@ same warp). N speculative samples (one per batch row, each row its own key
 stream) are compared by a chi-square test with cells expected below 5 pooled.
 
 False-failure rate: each case fails for a correct sampler with probability
-SIGNIFICANCE = 1e-3 over seeds (five cases: at most 0.5% for the file); seeds are
+SIGNIFICANCE = 1e-3 over seeds (seven tests: at most 0.7% for the file); seeds are
 fixed, so the outcome is deterministic. The naive "correct from p" verifier, the
 negative control, must fail the same test.
 """
@@ -80,6 +80,20 @@ def test_sequences_follow_target_distribution(pair, gamma, sampling):
   assert 0.2 < out.alpha() < 0.95  # the draft is neither useless nor the target
   pvalue = chi_square_pvalue(sequence_index(out.tokens), exact)
   assert pvalue > SIGNIFICANCE, pvalue
+
+
+def test_vocabulary_subset_draft_follows_target_distribution(pair):
+  """A draft whose head scores only tokens {0, 2, 3} (q(1) = 0 exactly): token 1 can
+  only come from the residual, and sequences still follow the target."""
+  target, tp, draft, _ = pair
+  subset = draft.replace(tie_embeddings=False, head_tokens=(0, 2, 3))
+  sp = tiny_model(subset, 11, factor=4.0)
+  sampling = SamplingConfig(temperature=1.0)
+  exact = exact_sequence_probs(target, tp, sampling)
+  out = sample_sequences((target, tp, subset, sp), 3, sampling, seed=2)
+  assert 0.2 < out.alpha() < 0.95
+  assert (out.tokens == 1).any()
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
 
 def test_negative_control_naive_verifier_fails(pair):

@@ -53,6 +53,9 @@ def test_cache_only_call_skips_the_head():
     (dict(head_dim=7), "even"),
     (dict(num_layers=0), "num_layers"),
     (dict(dtype="float16"), "dtype"),
+    (dict(head_tokens=(1, 2)), "tie_embeddings=False"),
+    (dict(head_tokens=(2, 1), tie_embeddings=False), "strictly increasing"),
+    (dict(head_tokens=(1, 8), tie_embeddings=False), "strictly increasing"),
 ])
 def test_bad_config(change, match):
   base = dict(vocab_size=8, num_layers=1, embed_dim=8, mlp_dim=8, num_heads=4, num_kv_heads=2,
@@ -60,6 +63,22 @@ def test_bad_config(change, match):
   base.update(change)
   with pytest.raises(ValueError, match=match):
     ModelConfig(**base)
+
+
+def test_vocabulary_subset_head():
+  """Head columns land on their token ids; every other token gets logit -inf."""
+  cfg = tiny_config(tie_embeddings=False, head_tokens=[3, 5, 30])  # a JSON list is accepted
+  assert cfg.head_tokens == (3, 5, 30) and cfg.head_size == 3 and hash(cfg)
+  params = tiny_model(cfg, 0)
+  assert params["head"].shape == (cfg.embed_dim, 3)
+  tokens, positions = jnp.array([[1, 2]]), jnp.arange(2)[None]
+  full, _ = forward(params, tokens, positions, init_cache(cfg, 1, 2), config=cfg)
+  own, _ = forward(params, tokens, positions, init_cache(cfg, 1, 2), config=cfg,
+                   full_vocab=False)
+  assert full.shape == (1, 2, 32) and own.shape == (1, 2, 3)
+  np.testing.assert_array_equal(full[..., [3, 5, 30]], own)
+  others = np.setdiff1d(np.arange(32), [3, 5, 30])
+  assert np.isneginf(np.asarray(full)[..., others]).all()
 
 
 def test_cache_larger_than_max_seq_len_raises():

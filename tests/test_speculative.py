@@ -57,6 +57,22 @@ def test_greedy_speculative_equals_greedy_autoregressive(greedy_pair, gamma):
   assert 0 < sp.acceptance_rate() < 1
 
 
+def test_greedy_with_vocabulary_subset_draft(greedy_pair):
+  """A draft head over half the vocabulary: tokens outside it are always rejected
+  drafts' corrections, and the output is still the greedy target's."""
+  target, tp, draft, dp = greedy_pair
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                               sampling=GREEDY)
+  subset = tuple(sorted(set(range(0, 32, 2)) | set(ar.tokens[:2].ravel().tolist())))
+  sub = draft.replace(tie_embeddings=False, head_tokens=subset)
+  sub_params = {**dp, "head": dp["embed"].T[:, jnp.asarray(subset)]}
+  sp = generate((target, tp, sub, sub_params), sampling=GREEDY)
+  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  assert 0 < sp.acceptance_rate() < 1
+  outside = ~np.isin(ar.tokens, subset)
+  assert outside.any()  # the target emits tokens the draft can never propose
+
+
 def test_greedy_with_eos_stops_each_row(greedy_pair):
   target, tp, _, _ = greedy_pair
   ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
