@@ -39,6 +39,13 @@ floor((s+1)·f) > floor(s·f) for on-policy fraction f: exactly f of the steps, 
 spread, a pure function of s (so resumed runs see the same mix). The draft samples are
 data: no gradient flows through the sampling.
 
+A vocabulary-subset draft (`ModelConfig.head_tokens`, C of the V tokens; config
+`draft.head_vocab`, ranked by training-corpus frequency) has q = 0 off its C tokens, so
+those tokens are only ever emitted from the residual, never drafted; exactness is
+untouched and α ≤ p(subset). Its head costs C/V of a full one (SmolLM2: the 256x49152
+head is most of a 2-layer d=256 draft's time). FKL/RKL/JSD then compare q with p
+restricted to the subset and renormalised; TVD stays exactly 1 - β.
+
 Keys: one root `PRNGKey(seed)` split into named keys ('draft_init', 'train'); the train
 key lives in the train state and step s uses fold_in(train_key, s).
 
@@ -136,19 +143,32 @@ def divergence(name: str, p: Array, q: Array, **logs) -> Array:
 
 
 def logit_divergences(target_logits: Array, draft_logits: Array, *, temperature: float,
-                      greedy_temperature: float = 1.0) -> dict[str, Array]:
-  """All of `LOSSES` between target and draft logits [..., V] -> {name: [...]}.
+                      greedy_temperature: float = 1.0,
+                      draft_tokens: Array | None = None) -> dict[str, Array]:
+  """All of `LOSSES` between target logits [..., V] and draft logits [..., C] -> {name: [...]}.
 
   τ > 0: p, q = softmax(logits / τ). τ = 0: the module docstring's soft surrogates.
+  draft_tokens (int [C]): the token ids of a vocabulary-subset draft's columns (None: C = V,
+  column v is token v). The draft gives every other token probability 0, so FKL/RKL/JSD
+  compare q with p restricted to those tokens and renormalised (KL(p || q) would be
+  infinite); TVD uses the unrestricted p and stays exactly 1 - β.
   """
   t = temperature if temperature > 0 else greedy_temperature
-  tl = target_logits.astype(jnp.float32) / t
-  dl = draft_logits.astype(jnp.float32) / t
-  log_p, log_q = jax.nn.log_softmax(tl, axis=-1), jax.nn.log_softmax(dl, axis=-1)
-  p, q = jax.nn.softmax(tl, axis=-1), jax.nn.softmax(dl, axis=-1)
+  log_p_full = jax.nn.log_softmax(target_logits.astype(jnp.float32) / t, axis=-1)
+  log_q = jax.nn.log_softmax(draft_logits.astype(jnp.float32) / t, axis=-1)
+  if draft_tokens is None:
+    log_p = log_p_full
+  else:
+    log_p_full = log_p_full[..., draft_tokens]
+    log_p = log_p_full - jax.nn.logsumexp(log_p_full, axis=-1, keepdims=True)
+  p, q = jnp.exp(log_p), jnp.exp(log_q)
   out = {name: fn(p, q, log_p=log_p, log_q=log_q)
          for name, fn in _DIVERGENCES.items() if name != "tvd"}
-  p_tv = warp(target_logits, 0.0) if temperature == 0 else p
+  if temperature == 0:
+    p_tv = warp(target_logits, 0.0)
+    p_tv = p_tv if draft_tokens is None else p_tv[..., draft_tokens]
+  else:
+    p_tv = jnp.exp(log_p_full)
   out["tvd"] = tvd(p_tv, q)
   return out
 
@@ -216,11 +236,16 @@ def make_optimizer(settings: OptimizerSettings) -> optax.GradientTransformation:
 
 # --------------------------------------------------------------------------- model helpers
 
-def full_logits(params, tokens: Array, config: ModelConfig) -> Array:
-  """Teacher-forced logits of a whole window: tokens [B,T] -> float32 [B,T,V]."""
+def full_logits(params, tokens: Array, config: ModelConfig, *,
+                full_vocab: bool = True) -> Array:
+  """Teacher-forced logits of a whole window: tokens [B,T] -> float32 [B,T,V].
+
+  full_vocab=False: a vocabulary-subset head's own columns [B,T,C] (see `forward`).
+  """
   b, t = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  logits, _ = forward(params, tokens, positions, init_cache(config, b, t), config=config)
+  logits, _ = forward(params, tokens, positions, init_cache(config, b, t), config=config,
+                      full_vocab=full_vocab)
   return logits
 
 
@@ -291,19 +316,31 @@ def loss_fn(draft_params, target, batch: Mapping[str, Array], *, draft_config: M
   else:
     target_logits = target
   target_logits = jax.lax.stop_gradient(target_logits)
-  draft_logits = full_logits(draft_params, tokens, draft_config)
-  v = _common_vocab(target_logits.shape[-1], draft_logits.shape[-1], settings.vocab_size)
-  target_logits, draft_logits = target_logits[..., :v], draft_logits[..., :v]
+  draft_logits = full_logits(draft_params, tokens, draft_config, full_vocab=False)
+  v = _common_vocab(target_logits.shape[-1], draft_config.vocab_size, settings.vocab_size)
+  target_logits = target_logits[..., :v]
+  draft_tokens = None
+  if draft_config.head_tokens:
+    draft_tokens = jnp.asarray(draft_config.head_tokens, jnp.int32)
+    if draft_config.head_tokens[-1] >= v:
+      raise ValueError(f"draft head_tokens reach id {draft_config.head_tokens[-1]} >= the "
+                       f"true vocabulary {v}")
+  else:
+    draft_logits = draft_logits[..., :v]
 
   weights = mask / jnp.maximum(jnp.sum(mask), 1.0)
   divs = logit_divergences(target_logits, draft_logits, temperature=settings.temperature,
-                           greedy_temperature=settings.greedy_temperature)
+                           greedy_temperature=settings.greedy_temperature,
+                           draft_tokens=draft_tokens)
   loss = jnp.sum(divs[settings.loss] * weights)
 
   sg = jax.lax.stop_gradient
   p = warp(target_logits, settings.temperature)
   q = warp(sg(draft_logits), settings.temperature)
-  agree = jnp.argmax(target_logits, -1) == jnp.argmax(sg(draft_logits), -1)
+  draft_argmax = jnp.argmax(draft_logits, -1)
+  if draft_tokens is not None:
+    p, draft_argmax = p[..., draft_tokens], draft_tokens[draft_argmax]
+  agree = jnp.argmax(target_logits, -1) == draft_argmax
   metrics = {name: jnp.sum(sg(d) * weights) for name, d in divs.items()}
   metrics.update(loss=sg(loss), alpha=jnp.sum(jnp.sum(jnp.minimum(p, q), -1) * weights),
                  top1=jnp.sum(agree * weights), positions=jnp.sum(mask))
@@ -456,7 +493,13 @@ def _eval_chunk(draft_params, target_params, windows, weights, *, draft_config, 
     logp = jax.nn.log_softmax(logits, -1)
     return -jnp.take_along_axis(logp, labels[..., None], -1)[..., 0]
 
-  sums = {"positions": jnp.sum(w), "draft_nll": jnp.sum(nll(draft) * w)}
+  draft_nll = nll(draft)
+  sums = {"positions": jnp.sum(w)}
+  if draft_config.head_tokens:  # labels outside a subset head have q = 0 (nll = inf)
+    covered = jnp.isfinite(draft_nll)
+    sums["draft_label_coverage"] = jnp.sum(covered * w)
+    draft_nll = jnp.where(covered, draft_nll, 0.0)
+  sums["draft_nll"] = jnp.sum(draft_nll * w)
   if target_params is not None:
     target = full_logits(target_params, inputs, target_config)[..., :vocab_size]
     sums["target_nll"] = jnp.sum(nll(target) * w)
@@ -475,6 +518,8 @@ def evaluate(draft_params, target_params, windows, *, draft_config: ModelConfig,
 
   Returns means over all N·T positions: 'alpha_t<τ>' = mean Σ min(p,q) at each τ (with
   top_k / top_p), 'top1' (argmax agreement), 'target_nll', 'draft_nll'; and 'positions'.
+  A vocabulary-subset draft also gives 'draft_label_coverage' (the fraction of labels in
+  its vocabulary); its 'draft_nll' is the mean over those labels.
   With target_params None only 'draft_nll' is measured.
   """
   windows = np.asarray(windows, np.int32)
@@ -502,6 +547,8 @@ def evaluate(draft_params, target_params, windows, *, draft_config: ModelConfig,
       totals[k] = totals.get(k, 0.0) + float(v)
   count = totals.pop("positions")
   out = {k: v / count for k, v in totals.items()}
+  if "draft_label_coverage" in totals:  # the nll over the labels a subset head can emit
+    out["draft_nll"] = totals["draft_nll"] / max(totals["draft_label_coverage"], 1.0)
   out["positions"] = int(count)
   return out
 
@@ -573,13 +620,15 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
                  `embedding_projection` of the target's embedding E [V,D]; an own draft
                  head Wᵀ·diag(g)·head_target [d,V] with g the target's final-norm gain
                  (= (diag(g)·E·W)ᵀ for a tied target): the target's effective head
-                 restricted to the kept subspace. Both are rescaled to the element RMS
+                 restricted to the kept subspace (and to the head_tokens columns of a
+                 vocabulary-subset head). Both are rescaled to the element RMS
                  of a random init (0.02), keeping the geometry, not the magnitude:
                  at the target's magnitude (~10x larger) Adam's fixed-size steps move
                  them 10x more slowly, and the initial logits (~|e|²·sqrt(d) for the
                  current token) are far too confident.
-  'copy'         the target's embedding, head, final norm and first k = draft num_layers
-                 blocks (needs equal widths: D, F, N, K, H, and k <= target layers).
+  'copy'         the target's embedding, head (its head_tokens columns for a subset head),
+                 final norm and first k = draft num_layers blocks (needs equal widths:
+                 D, F, N, K, H, and k <= target layers).
   'saved:<dir>'  a `save_params` directory (its config must equal draft_config).
   """
   params = random_params(draft_config, key)
@@ -605,7 +654,10 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
       head_t = (embed_t.T if target_config.tie_embeddings
                 else np.asarray(jax.device_get(target_params["head"]), np.float64))
       gain = np.asarray(jax.device_get(target_params["final_norm"]["scale"]), np.float64)
-      params["head"] = jnp.asarray(_rescale(w.T @ (gain[:, None] * head_t)), dt)
+      head = w.T @ (gain[:, None] * head_t)  # [d,V]
+      if draft_config.head_tokens:
+        head = head[:, list(draft_config.head_tokens)]
+      params["head"] = jnp.asarray(_rescale(head), dt)
     return params
   if method == "copy":
     fields = ("embed_dim", "mlp_dim", "num_heads", "num_kv_heads", "head_dim", "qkv_bias")
@@ -622,8 +674,10 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
         "layers": jax.tree.map(lambda x: x[:k], target_params["layers"]),
     }
     if not draft_config.tie_embeddings:
-      params["head"] = (target_params["embed"].T if target_config.tie_embeddings
-                        else target_params["head"])
+      head = (target_params["embed"].T if target_config.tie_embeddings
+              else target_params["head"])
+      params["head"] = (head[:, jnp.asarray(draft_config.head_tokens)]
+                        if draft_config.head_tokens else head)
     return jax.tree.map(lambda x: jnp.asarray(x, dt), params)
   raise ValueError(f"unknown draft init {method!r}; expected one of {DRAFT_INITS}")
 
@@ -652,11 +706,29 @@ def load_corpus(config, tokenizer) -> tuple[np.ndarray, np.ndarray]:
   return np.concatenate(train), np.concatenate(held)
 
 
-def draft_config_from(config, target_config: ModelConfig) -> ModelConfig:
-  """The draft's ModelConfig: config.draft dims on the target's vocabulary and RoPE."""
+def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
+                      always=()) -> ModelConfig:
+  """The draft's ModelConfig: config.draft dims on the target's vocabulary and RoPE.
+
+  config.draft.head_vocab = C > 0 gives a vocabulary-subset head on the C most frequent
+  train_tokens (plus the ids in `always`, e.g. EOS); 0 or absent: the full vocabulary.
+  """
+  head_vocab = int(config.draft.get("head_vocab", 0) or 0)
+  head_tokens = ()
+  if head_vocab:
+    if train_tokens is None:
+      raise ValueError("draft.head_vocab > 0 needs the training tokens to rank")
+    head_tokens = data.frequent_tokens(train_tokens, head_vocab, target_config.vocab_size,
+                                       always=always)
   return loading.model_config(config.draft, target_config.vocab_size,
                               rope_theta=target_config.rope_theta,
-                              norm_eps=target_config.norm_eps)
+                              norm_eps=target_config.norm_eps, head_tokens=head_tokens)
+
+
+def _special_ids(tokenizer) -> tuple[int, ...]:
+  """EOS / BOS ids of a tokenizer (those it has)."""
+  ids = (getattr(tokenizer, name, None) for name in ("eos_id", "bos_id"))
+  return tuple(int(i) for i in ids if i is not None and i >= 0)
 
 
 def _optim(config, steps: int | None = None, lr: float | None = None,
@@ -758,7 +830,8 @@ def setup_distillation(config) -> DistillSetup:
   return DistillSetup(
       tokenizer=tokenizer, target_config=target_config,
       target_params=commit(target_params),
-      draft_config=draft_config_from(config, target_config), settings=settings,
+      draft_config=draft_config_from(config, target_config, train_tokens,
+                                     always=_special_ids(tokenizer)), settings=settings,
       optim=_optim(config), train_tokens=train_tokens,
       windows=data.heldout_windows(held_tokens, config.eval_windows, config.seq_len,
                                    seed=config.split_seed),

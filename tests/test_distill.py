@@ -101,6 +101,43 @@ def test_logit_divergences_greedy_surrogates():
   np.testing.assert_allclose(greedy["fkl"], soft["fkl"], rtol=1e-6)
 
 
+def test_logit_divergences_with_a_vocabulary_subset_draft():
+  """Subset columns: TVD is exactly 1 - β against the full p; FKL/RKL/JSD compare q with
+  p restricted to the subset and vanish when q equals that restriction."""
+  target = 3.0 * jax.random.normal(jax.random.PRNGKey(6), (2, 5, 24))
+  subset = jnp.array([0, 3, 4, 9, 17, 23])
+  draft = 3.0 * jax.random.normal(jax.random.PRNGKey(7), (2, 5, 6))
+  scattered = jnp.full((2, 5, 24), -jnp.inf).at[..., subset].set(draft)
+  for t in (1.0, 0.0):
+    divs = distill.logit_divergences(target, draft, temperature=t, draft_tokens=subset)
+    beta = acceptance_probability(warp(scattered, t), warp(target, t))
+    if t:
+      np.testing.assert_allclose(divs["tvd"], 1.0 - beta, rtol=1e-5, atol=1e-6)
+    else:  # the greedy surrogate 1 - q_1(argmax p), with q_1(argmax p) = 0 off the subset
+      q1 = jax.nn.softmax(scattered, -1)
+      at = jnp.take_along_axis(q1, jnp.argmax(target, -1)[..., None], -1)[..., 0]
+      np.testing.assert_allclose(divs["tvd"], 1.0 - at, rtol=1e-5, atol=1e-6)
+    for name in ("fkl", "rkl", "jsd"):
+      assert np.all(np.isfinite(np.asarray(divs[name]))), name
+  restricted = target[..., subset]
+  same = distill.logit_divergences(target, restricted, temperature=1.0, draft_tokens=subset)
+  for name in ("fkl", "rkl", "jsd"):
+    np.testing.assert_allclose(same[name], 0.0, atol=1e-6)
+  assert np.all(np.asarray(same["tvd"]) > 0.05)  # the mass off the subset is never accepted
+
+
+def test_frequent_tokens():
+  from specdec_jax import data
+  tokens = np.array([5, 5, 5, 2, 2, 7, 1, 1, 1, 1])
+  assert data.frequent_tokens(tokens, 2, 10) == (1, 5)
+  assert data.frequent_tokens(tokens, 3, 10, always=[9]) == (1, 5, 9)
+  assert data.frequent_tokens(tokens, 4, 10) == (1, 2, 5, 7)  # ties: lower id first
+  with pytest.raises(ValueError, match="head vocabulary of 0"):
+    data.frequent_tokens(tokens, 0, 10)
+  with pytest.raises(ValueError, match="token ids"):
+    data.frequent_tokens(tokens, 2, 6)
+
+
 # --------------------------------------------------------------------------- steps
 
 @functools.lru_cache(maxsize=None)
@@ -290,3 +327,17 @@ def test_restore_into_mismatched_run_raises(tiny_run):
   other_target = _save_tiny_target(root / "other_target", seed=2)
   with pytest.raises(ValueError, match="target differs"):
     distill.run_distillation(_config(root / "cache", target=other_target), workdir, log=_quiet)
+
+
+def test_vocabulary_subset_draft_distils_and_reloads(tiny_run):
+  """draft.head_vocab: a head over the most frequent training bytes (plus EOS) trains,
+  reports its label coverage, and its saved config restores the same subset."""
+  root, _ = tiny_run
+  config = _config(root / "cache", steps=20, **{"draft.head_vocab": 48})
+  report = distill.run_distillation(config, root / "subset", log=_quiet)
+  draft_config = ModelConfig(**report["draft_config"])
+  assert len(draft_config.head_tokens) == 48 and 256 in draft_config.head_tokens  # EOS
+  assert 0.9 < report["eval_after"]["draft_label_coverage"] < 1.0
+  assert report["alpha_after"]["alpha_t1"] > report["alpha_before"]["alpha_t1"] + 0.1
+  params, saved_config, _ = ckpt_lib.load_params(report["draft_dir"])
+  assert saved_config == draft_config and params["head"].shape == (32, 48)
