@@ -18,8 +18,8 @@ def get_config():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   c = module.get_config()
-  c.steps = 120
-  c.warmup = 20
+  c.steps = 200
+  c.warmup = 25
   c.checkpoint_every = 20
   c.eval_every = 1000  # before and after only
   c.eval_windows = 32

@@ -41,7 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
       max_seq_len=2048, seed=1, logit_scale=1.0))
   c.draft = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
-      max_seq_len=2048, tie_embeddings=False))
+      max_seq_len=2048, tie_embeddings=False,
+      head_vocab=8192))  # a vocabulary-subset head on the 8192 most frequent train tokens
   c.draft_init = "svd"  # 'random' | 'svd' | 'copy' | 'saved:<dir>'
   # Objective.
   c.loss = "fkl"  # 'fkl' | 'rkl' | 'jsd' | 'tvd'
@@ -50,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.on_policy_fraction = 0.5
   c.prompt_len = 64  # on-policy prompt; the draft samples seq_len - prompt_len tokens
   # Optimisation.
-  c.steps = 600
+  c.steps = 1200
   c.batch_size = 8
   c.seq_len = 128
   c.lr = 2e-3
@@ -60,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Loop, checkpoints, evaluation.
   c.checkpoint_every = 50
   c.keep = 3
-  c.eval_every = 100
+  c.eval_every = 200
   c.log_every = 25
   c.eval_windows = 64
   c.eval_batch_size = 8
