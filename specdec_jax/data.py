@@ -369,14 +369,16 @@ def batch_iterator(
 
 
 def frequent_tokens(tokens, count: int, vocab_size: int, always=()) -> tuple[int, ...]:
-  """The `count` most frequent ids of `tokens` (ties: lower id first) together with the
-  ids in `always`, sorted: a vocabulary-subset head's `head_tokens`."""
+  """`count` sorted ids for a vocabulary-subset head's `head_tokens`: the ids in `always`
+  (e.g. EOS) and, filling the rest, the most frequent ids of `tokens` (ties: lower id)."""
   tokens = _as_tokens(tokens)
   if not 0 < count <= vocab_size:
     raise ValueError(f"head vocabulary of {count} tokens must lie in [1, {vocab_size}]")
   if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
     raise ValueError(f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
   always = sorted({int(t) for t in always})
+  if always and (always[0] < 0 or always[-1] >= vocab_size):
+    raise ValueError(f"always ids must lie in [0, {vocab_size}), got {always}")
   counts = np.bincount(tokens, minlength=vocab_size)
   counts[always] = -1  # taken anyway; rank the rest
   ranked = np.argsort(-counts, kind="stable")[:max(count - len(always), 0)]

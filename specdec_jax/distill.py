@@ -638,7 +638,8 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
     saved, cfg, _ = ckpt_lib.load_params(method[len("saved:"):],
                                          tokenizer_identity=tokenizer_identity)
     if cfg != draft_config:
-      raise ValueError(f"saved draft config {cfg} differs from the requested {draft_config}")
+      raise ValueError(ckpt_lib.describe_mismatch("saved draft config", cfg.to_dict(),
+                                                  draft_config.to_dict()))
     return saved
   if target_params is None or target_config is None:
     raise ValueError(f"draft init {method!r} needs the target params and config")
@@ -710,8 +711,8 @@ def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
                       always=()) -> ModelConfig:
   """The draft's ModelConfig: config.draft dims on the target's vocabulary and RoPE.
 
-  config.draft.head_vocab = C > 0 gives a vocabulary-subset head on the C most frequent
-  train_tokens (plus the ids in `always`, e.g. EOS); 0 or absent: the full vocabulary.
+  config.draft.head_vocab = C > 0 gives a vocabulary-subset head on C ids: those in
+  `always` (e.g. EOS) and the most frequent train_tokens; 0 or absent: the full vocabulary.
   """
   head_vocab = int(config.draft.get("head_vocab", 0) or 0)
   head_tokens = ()
@@ -936,6 +937,10 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
   reports = {}
   for name in models:
     dims = {"target": config.target_model, "draft": config.draft}[name]
+    if dims.get("head_vocab") or dims.get("head_tokens"):
+      raise ValueError(f"pretraining trains a full-vocabulary head (cross-entropy needs q > 0 "
+                       f"on every label); set {name}.head_vocab=0, got "
+                       f"{dims.get('head_vocab') or len(dims.get('head_tokens'))}")
     model_config = loading.model_config(dims, vocab)
     keys = _named_keys(config.seed, f"{name}_init", "train")
     optim = _optim(config, steps=pre.steps, lr=pre.lr, warmup=pre.warmup)

@@ -136,6 +136,8 @@ def test_frequent_tokens():
     data.frequent_tokens(tokens, 0, 10)
   with pytest.raises(ValueError, match="token ids"):
     data.frequent_tokens(tokens, 2, 6)
+  with pytest.raises(ValueError, match="always ids"):
+    data.frequent_tokens(tokens, 2, 10, always=[10])
 
 
 # --------------------------------------------------------------------------- steps
@@ -186,6 +188,19 @@ def test_draft_init_options():
   with pytest.raises(ValueError, match="equal widths"):
     distill.init_draft_params(draft, jax.random.PRNGKey(0), method="copy", target_params=tp,
                               target_config=target)
+  # A subset head takes exactly the named columns of the full head it would have had.
+  tokens = (0, 3, 7, 39)
+  for method, cfg in (("copy", copy_cfg.replace(tie_embeddings=False)),
+                      ("svd", draft.replace(tie_embeddings=False))):
+    init = functools.partial(distill.init_draft_params, key=jax.random.PRNGKey(0),
+                             method=method, target_params=tp, target_config=target)
+    full = init(cfg)["head"]
+    sub = init(cfg.replace(head_tokens=tokens))["head"]
+    if method == "svd":  # both rescaled to RMS 0.02: equal up to one positive factor
+      full = full[:, list(tokens)] * (0.02 / np.sqrt(np.mean(np.square(full[:, list(tokens)]))))
+    else:
+      full = full[:, list(tokens)]
+    np.testing.assert_allclose(sub, full, rtol=1e-5, atol=1e-7)
 
 
 def test_evaluate_alpha_matches_direct_computation():
@@ -341,3 +356,8 @@ def test_vocabulary_subset_draft_distils_and_reloads(tiny_run):
   assert report["alpha_after"]["alpha_t1"] > report["alpha_before"]["alpha_t1"] + 0.1
   params, saved_config, _ = ckpt_lib.load_params(report["draft_dir"])
   assert saved_config == draft_config and params["head"].shape == (32, 48)
+  other = draft_config.replace(head_tokens=draft_config.head_tokens[:-1])
+  with pytest.raises(ValueError, match=r"head_tokens: checkpoint 48 ids .* vs run 47 ids"):
+    distill.init_draft_params(other, jax.random.PRNGKey(0), method=f"saved:{report['draft_dir']}")
+  with pytest.raises(ValueError, match="full-vocabulary head"):
+    distill.run_pretraining(config, root / "pretrain_subset", models=("draft",), log=_quiet)

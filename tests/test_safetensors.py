@@ -54,6 +54,13 @@ def test_export_import_identity_init_params(tmp_path):
   _assert_same(got, params)
 
 
+def test_export_refuses_a_vocabulary_subset_head(tmp_path):
+  cfg = _config().replace(tie_embeddings=False, head_tokens=(0, 1, 2))
+  with pytest.raises(ValueError, match="vocabulary-subset head"):
+    export_hf({}, cfg, tmp_path)
+  assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("arch,tie,dtype", [("llama", False, "float32"),
                                             ("llama", True, "bfloat16"),
                                             ("qwen2", False, "float32"),

@@ -66,18 +66,30 @@ def run_identity(draft_config: ModelConfig, tokenizer_identity: str,
           "target": str(target)}
 
 
-def _describe_mismatch(name: str, saved, current) -> str:
+def _short(value) -> str:
+  """repr, with long id lists (a subset head's head_tokens) as count and range."""
+  if isinstance(value, (list, tuple)) and len(value) > 8:
+    return f"{len(value)} ids {value[0]}..{value[-1]}"
+  return repr(value)
+
+
+def describe_mismatch(name: str, saved, current) -> str:
+  """'<name> differs (<field>: checkpoint X vs run Y; ...)' for dicts, else both values."""
   if isinstance(saved, dict) and isinstance(current, dict):
     keys = sorted(set(saved) | set(current))
-    diffs = [f"{k}: checkpoint {saved.get(k)!r} vs run {current.get(k)!r}"
-             for k in keys if saved.get(k) != current.get(k)]
+    diffs = [f"{k}: checkpoint {_short(saved.get(k))} vs run {_short(current.get(k))}"
+             for k in keys if _as_list(saved.get(k)) != _as_list(current.get(k))]
     return f"{name} differs ({'; '.join(diffs)})"
   return f"{name} differs: checkpoint {saved!r} vs run {current!r}"
 
 
+def _as_list(value):
+  return list(value) if isinstance(value, tuple) else value
+
+
 def check_identity(saved: dict, current: dict, where: str) -> None:
   """Raises ValueError listing every identity field where `saved` and `current` differ."""
-  problems = [_describe_mismatch(k, saved.get(k), current.get(k))
+  problems = [describe_mismatch(k, saved.get(k), current.get(k))
               for k in IDENTITY_KEYS if saved.get(k) != current.get(k)]
   if problems:
     raise ValueError(f"cannot restore {where}: " + "; ".join(problems)

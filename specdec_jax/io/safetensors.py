@@ -101,8 +101,16 @@ def _layer_names(i: int, qkv_bias: bool) -> dict[str, str]:
   return names
 
 
+def _check_exportable(config: ModelConfig) -> None:
+  if config.head_tokens:
+    raise ValueError(f"a vocabulary-subset head ({len(config.head_tokens)} of "
+                     f"{config.vocab_size} tokens) has no Hugging Face layout: lm_head "
+                     "cannot give the other tokens logit -inf")
+
+
 def to_hf_tensors(params, config: ModelConfig) -> dict[str, np.ndarray]:
   """Our params -> {HF name: numpy array (out, in)} in the params' dtype."""
+  _check_exportable(config)
   cfg = config
   d, n, k, h = cfg.embed_dim, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   lay = jax.tree.map(np.asarray, params["layers"])
@@ -238,6 +246,7 @@ def load_hf(model_dir: str | os.PathLike, dtype: str = "float32",
 
 def hf_config(config: ModelConfig, arch: str = "llama", **extra) -> dict:
   """The config.json dict transformers needs to rebuild `config` as `arch`."""
+  _check_exportable(config)
   if arch not in SUPPORTED_ARCHS:
     raise ValueError(f"arch must be one of {SUPPORTED_ARCHS}, got {arch!r}")
   if arch == "llama" and config.qkv_bias:
