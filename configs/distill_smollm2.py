@@ -76,7 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.heldout_fraction = 0.1
   c.split_seed = 0
   c.cache_dir = "data_cache"
-  # scripts/train.py (cross-entropy from scratch).
+  # scripts/train.py (cross-entropy from scratch; needs --config.draft.head_vocab=0).
   c.pretrain = ml_collections.ConfigDict(dict(
       steps=3000, lr=2e-3, warmup=200, batch_size=16, seq_len=128))
   return c
