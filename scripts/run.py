@@ -39,14 +39,14 @@ def ensure_draft(config, distill_config) -> None:
   if (draft_dir / "model.json").exists():
     print(f"draft: {draft_dir} (cached)")
     return
+  if draft_dir.exists():
+    raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
   from specdec_jax.distill import run_distillation
   workdir = draft_dir.with_name(draft_dir.name + ".work")
   print(f"draft: {draft_dir} is missing; distilling one (workdir {workdir}) ...")
   report = run_distillation(distill_config, workdir)
   src = pathlib.Path(report["draft_dir"])
   draft_dir.parent.mkdir(parents=True, exist_ok=True)
-  if draft_dir.exists():
-    raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
   os.replace(src, draft_dir)
   print(f"draft: saved to {draft_dir}; held-out alpha {report['alpha_after']}")
 

@@ -335,15 +335,16 @@ def loss_fn(draft_params, target, batch: Mapping[str, Array], *, draft_config: M
   loss = jnp.sum(divs[settings.loss] * weights)
 
   sg = jax.lax.stop_gradient
-  p = warp(target_logits, settings.temperature)
-  q = warp(sg(draft_logits), settings.temperature)
   draft_argmax = jnp.argmax(draft_logits, -1)
   if draft_tokens is not None:
-    p, draft_argmax = p[..., draft_tokens], draft_tokens[draft_argmax]
+    draft_argmax = draft_tokens[draft_argmax]
   agree = jnp.argmax(target_logits, -1) == draft_argmax
   metrics = {name: jnp.sum(sg(d) * weights) for name, d in divs.items()}
-  metrics.update(loss=sg(loss), alpha=jnp.sum(jnp.sum(jnp.minimum(p, q), -1) * weights),
-                 top1=jnp.sum(agree * weights), positions=jnp.sum(mask))
+  top1 = jnp.sum(agree * weights)
+  # α = mean Σ min(p, q) at the decode temperature: 1 - TVD for τ > 0 (TVD is exactly
+  # 1 - β there); at τ = 0, p and q are one-hot, so β is argmax agreement.
+  alpha = 1.0 - metrics["tvd"] if settings.temperature > 0 else top1
+  metrics.update(loss=sg(loss), alpha=alpha, top1=top1, positions=jnp.sum(mask))
   return loss, metrics
 
 
@@ -795,6 +796,15 @@ def _fit(state: TrainState, *, step_fn, batch_fn, eval_fn, checkpointer, steps: 
   return state, extra
 
 
+def _final_eval(extra: dict, state: TrainState, eval_fn) -> dict:
+  """The held-out measures of the final params: the loop's last evaluation if it ran at
+  the final step, else a fresh one."""
+  evals = extra.get("evals") or [{}]
+  if evals[-1].get("step") == int(state.step):
+    return {k: v for k, v in evals[-1].items() if k != "step"}
+  return eval_fn(state.params)
+
+
 def _write_json(path: pathlib.Path, obj) -> None:
   tmp = path.with_name(f".{path.name}.tmp")
   tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
@@ -891,9 +901,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
                       steps=config.steps, log_every=config.log_every,
                       eval_every=config.eval_every, stop_after=config.stop_after,
                       extra=extra, log=log, desc=f"distill-{config.loss}")
-  after = (extra["evals"][-1] if extra.get("evals") and extra["evals"][-1]["step"] == config.steps
-           else evaluate_fn(state.params))
-  after = {k: v for k, v in after.items() if k != "step"}
+  after = _final_eval(extra, state, evaluate_fn)
   draft_dir = ckpt_lib.save_params(
       workdir / "draft", state.params, draft_config, tokenizer_identity=tokenizer.identity,
       extra={"target": identity["target"], "loss": config.loss,
@@ -969,7 +977,7 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
         eval_fn=eval_fn, checkpointer=checkpointer, steps=pre.steps,
         log_every=config.log_every, eval_every=config.eval_every,
         stop_after=config.stop_after, extra=extra, log=log, desc=f"pretrain-{name}")
-    nll = eval_fn(state.params)["draft_nll"]
+    nll = _final_eval(extra, state, eval_fn)["draft_nll"]
     heldout = {"nll": nll, "ppl": math.exp(nll)}
     model_dir = ckpt_lib.save_params(workdir / name / "model", state.params, model_config,
                                      tokenizer_identity=tokenizer.identity,

@@ -83,8 +83,7 @@ class GenerationResult:
 
   def reached(self) -> np.ndarray:
     """bool [B,steps,G]: drafted position j was reached (all drafts before it accepted)."""
-    j = np.arange(self.accept_prob.shape[-1])[None, None, :]
-    return (self.accepted[..., None] >= 0) & (j <= self.accepted[..., None])
+    return reached_positions(self.accepted, self.accept_prob.shape[-1])
 
   def acceptance_rate(self) -> float:
     """Accepted drafts / reached drafted positions: Σ n / Σ min(n + 1, γ)."""
@@ -346,7 +345,7 @@ decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
 
 
 def _finish(state: DecodeState, max_new_tokens: int, pad_id: int) -> GenerationResult:
-  state = jax.device_get(state)
+  state = jax.device_get(state.replace(target_cache=None, draft_cache=None))  # no KV copy
   tokens = np.asarray(state.tokens)
   prompt_len = np.asarray(state.prompt_len)
   lengths = np.asarray(state.num_tokens) - prompt_len
@@ -357,6 +356,13 @@ def _finish(state: DecodeState, max_new_tokens: int, pad_id: int) -> GenerationR
   return GenerationResult(tokens=out, lengths=lengths.astype(np.int32), num_steps=steps,
                           accepted=np.asarray(state.accepted)[:, :steps],
                           accept_prob=np.asarray(state.accept_prob)[:, :steps])
+
+
+def reached_positions(accepted: np.ndarray, gamma: int) -> np.ndarray:
+  """accepted int [B,steps] (-1 = idle) -> bool [B,steps,gamma]: position j was reached,
+  i.e. the step was live and every draft before j was accepted (n >= j)."""
+  j = np.arange(gamma)
+  return (accepted[..., None] >= 0) & (j <= accepted[..., None])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,9 +68,12 @@ def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, contex
   cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
   toks = jnp.zeros((batch, tokens), jnp.int32)
   pos = context + jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
-  fn = jax.jit(lambda p, c: forward(p, toks, pos, c, config=config,
-                                    return_logits=return_logits)[0 if return_logits else 1])
-  return median_seconds(lambda: fn(params, cache), repeats)[1]
+  return median_seconds(lambda: _timed_forward(params, toks, pos, cache, config=config,
+                                               return_logits=return_logits), repeats)[1]
+
+
+# One jitted forward for every timing call: compiled once per (config, shapes), not per call.
+_timed_forward = jax.jit(forward, static_argnames=("config", "return_logits"))
 
 
 def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,

@@ -42,7 +42,7 @@ from specdec_jax import loading, studies
 from specdec_jax.model import ModelConfig, unstack_layers
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import (GenerationResult, autoregressive_generate,
-                                     speculative_generate)
+                                     reached_positions, speculative_generate)
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 GRID_KEYS = ("draft_name", "temperature", "gamma")
@@ -144,10 +144,8 @@ def position_stats(accepted: np.ndarray, accept_prob: np.ndarray, gamma: int) ->
 
   accepted [B,steps] (-1 where idle), accept_prob [B,steps,G].
   """
-  j = np.arange(gamma)
-  live = (accepted >= 0)[..., None]
-  reached = live & (j <= accepted[..., None])
-  took = live & (j < accepted[..., None])
+  reached = reached_positions(accepted, gamma)
+  took = reached & (np.arange(gamma) < accepted[..., None])
   return dict(reached=reached.sum((0, 1)), accepted=took.sum((0, 1)),
               beta=np.where(reached, accept_prob, 0.0).sum((0, 1), dtype=np.float64))
 

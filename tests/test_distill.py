@@ -152,6 +152,25 @@ def _tiny_pair():
   return target, tp, draft, distill.random_params(draft, jax.random.PRNGKey(1))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+@pytest.mark.parametrize("subset", [False, True])
+def test_loss_metrics_alpha_is_mean_beta(temperature, subset):
+  """The step's 'alpha' metric (read off TVD, or argmax agreement at τ = 0) is the mean
+  Σ min(p, q) of the warped full-vocabulary distributions."""
+  target, tp, draft, dp = _tiny_pair()
+  if subset:
+    draft = draft.replace(tie_embeddings=False, head_tokens=tuple(range(0, 40, 3)))
+  dp = distill.random_params(draft, jax.random.PRNGKey(2))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 7)), jnp.int32)
+  settings = distill.DistillSettings(temperature=temperature)
+  _, metrics = distill.loss_fn(dp, tp, {"tokens": tokens}, draft_config=draft,
+                               settings=settings, target_config=target)
+  p = warp(distill.full_logits(tp, tokens, target), temperature)
+  q = warp(distill.full_logits(dp, tokens, draft), temperature)
+  np.testing.assert_allclose(metrics["alpha"], jnp.mean(jnp.sum(jnp.minimum(p, q), -1)),
+                             rtol=1e-5, atol=1e-6)
+
+
 def test_sampler_greedy_is_argmax_of_uncached_logits():
   target, tp, _, _ = _tiny_pair()
   prompts = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.int32)
