@@ -10,7 +10,7 @@ float32; the tokenizer is read from the same file. The draft (2 layers, d=256, 1
 params, most of them its embedding) has a vocabulary-subset head: 256x8192 over EOS, BOS
 and the 8190 most frequent training tokens, which hold 96.9% of the held-out evaluation
 labels; every other token has q = 0 and comes only from the residual (exactness is unchanged). The full
-256x49152 head was most of the draft's time: c = 0.064-0.076 with it, 0.014-0.018
+256x49152 head was most of the draft's time: c = 0.064-0.076 with it, 0.014-0.026
 without (`scripts/benchmark.py`). The draft starts from the rescaled SVD projection of
 the target's embedding (`distill.init_draft_params`) and learns from an even mix of
 teacher-forced corpus windows and its own samples (DistillSpec), with forward KL at
@@ -24,8 +24,9 @@ alpha at temperature 0 (argmax agreement) / 1: 0.002 / 0.060 before, 0.317 / 0.3
 under the cosine schedule. The full-head draft of the same shape reached 0.374 / 0.422
 in 600 steps at ~3 s each. A 2x speed-up on this CPU needs alpha ≈ 0.8
 (REFERENCE.md §2). In an 80-step comparison (8192-token head each) a d=576 draft copied
-from the target's first two layers reached 0.301 / 0.288 (c ≈ 0.07), a 4-layer d=384
-one 0.269 / 0.286 (c ≈ 0.07) and this one 0.252 / 0.274 (c ≈ 0.018).
+from the target's first two layers reached 0.301 / 0.288 (c = 0.087), a 4-layer d=384
+one 0.269 / 0.286 (c = 0.085) and this one 0.252 / 0.274 (c = 0.026); the README names
+the commands.
 
 Checkpoints every 50 steps in workdir/checkpoints (re-running the same command resumes),
 the draft in workdir/draft (`--config.draft=saved:<workdir>/draft` for
