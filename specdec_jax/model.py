@@ -4,7 +4,8 @@ Einsum letters:
   B batch, T query length (tokens in this call), S cache slots (keys),
   L layers, D model width, F MLP width, N query heads, K kv heads,
   G query heads per kv head (N = K * G), H head dim, V vocabulary,
-  C columns of a vocabulary-subset head (`ModelConfig.head_tokens`).
+  C columns of a vocabulary-subset head (`ModelConfig.head_tokens`),
+  E target width (the input width of a feature draft), F = E * len(feature_layers).
 
 The model is a pure function
 
@@ -27,6 +28,25 @@ no real query ever attends them once `length` is set to the true prompt length.
 
 Layers are stacked along a leading L axis (`nn.scan`), so params and caches are
 plain pytrees of arrays that can carry `jax.sharding` shardings.
+
+Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
+stream after l_i blocks (0 = the embedding, L = the last block, before the final norm),
+concatenated: [B,T,k*D]. It only gathers values the forward computes anyway.
+
+Feature drafts (EAGLE-3 style; `ModelConfig.feature_layers` non-empty). The same
+Transformer, with a different input: at position i it reads the token x_i through the
+*target's* embedding (passed as `input_embed` [V,E]; the draft owns no embedding) and a
+context vector c_{i-1} [D]:
+
+  x_in = in_proj([embed_norm(E[x_i]) ; context_norm(c_{i-1})])      [B,T,E+D] -> [B,T,D]
+  c    = fuse(feature_norm(f_{i-1}))   from the target's features f [B,T,F] -> [B,T,D]
+       | h_{i-1}                       the draft's own last hidden state [B,T,D]
+
+`feature_norm` RMS-normalises each of the k gathered target layers on its own (no
+gain: `fuse` is linear, so a per-feature gain would be redundant). The
+draft's blocks, final norm and head are as for any model; its own hidden state h (the
+residual after its last block, `hidden_layers=(num_layers,)`) is what it feeds itself
+where the target's features do not exist yet (the 2nd..γ-th drafted token).
 """
 
 from __future__ import annotations
@@ -65,6 +85,10 @@ class ModelConfig:
   # A vocabulary-subset head: the C sorted token ids the own head [D,C] scores; every
   # other token gets logit -inf (probability exactly 0). () = the full vocabulary.
   head_tokens: tuple[int, ...] = dataclasses.field(default=(), repr=False)
+  # A feature draft (see the module docstring): the target layer ids (residual after that
+  # many blocks) it fuses, and the target width E. () = an ordinary, independent model.
+  feature_layers: tuple[int, ...] = ()
+  feature_width: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "num_layers", "embed_dim", "mlp_dim", "num_heads",
@@ -79,6 +103,17 @@ class ModelConfig:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
     if self.dtype not in _DTYPES:
       raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+    layers = tuple(int(i) for i in self.feature_layers)
+    object.__setattr__(self, "feature_layers", layers)
+    if layers:
+      if not isinstance(self.feature_width, int) or self.feature_width < 1:
+        raise ValueError(f"a feature draft (feature_layers={layers}) needs feature_width = "
+                         f"the target width > 0, got {self.feature_width!r}")
+      if min(layers) < 0:
+        raise ValueError(f"feature_layers must be target layer ids >= 0, got {layers}")
+      if self.tie_embeddings and self.feature_width != self.embed_dim:
+        raise ValueError(f"a tied feature draft reads the target's head, so embed_dim must "
+                         f"equal feature_width; got {self.embed_dim} vs {self.feature_width}")
     tokens = tuple(int(t) for t in self.head_tokens)  # a list from JSON -> hashable tuple
     object.__setattr__(self, "head_tokens", tokens)
     if tokens:
@@ -89,6 +124,16 @@ class ModelConfig:
         raise ValueError(f"head_tokens must be strictly increasing ids in [0, "
                          f"{self.vocab_size}), got {len(tokens)} ids from {tokens[0]} to "
                          f"{tokens[-1]}")
+
+  @property
+  def kind(self) -> str:
+    """'feature' (reads the target's hidden states) or 'model' (an independent model)."""
+    return "feature" if self.feature_layers else "model"
+
+  @property
+  def input_width(self) -> int:
+    """Width of the embedding the model reads: the target's E for a feature draft, else D."""
+    return self.feature_width if self.feature_layers else self.embed_dim
 
   @property
   def head_size(self) -> int:
@@ -152,6 +197,7 @@ class Block(nn.Module):
   """
 
   config: ModelConfig
+  emit_hidden: bool = False  # also return x (the residual after this block) as scan output
 
   @nn.compact
   def __call__(self, carry, layer, positions, write_start, mask):
@@ -194,7 +240,7 @@ class Block(nn.Module):
     y = RMSNorm(cfg.norm_eps, dt, name="mlp_norm")(x)
     hidden = nn.silu(dense(y, "gate", (d, cfg.mlp_dim))) * dense(y, "up", (d, cfg.mlp_dim))
     x = x + dense(hidden, "down", (cfg.mlp_dim, d))
-    return (x, kv), None
+    return (x, kv), (x if self.emit_hidden else None)
 
 
 class Transformer(nn.Module):
@@ -211,20 +257,34 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens, positions, cache, return_logits: bool = True,
-               full_vocab: bool = True):
+               full_vocab: bool = True, hidden_layers: tuple[int, ...] = (),
+               input_embed=None, target_features=None, context=None, attn_mask=None):
     cfg = self.config
     dt = cfg.jnp_dtype
-    embed = self.param("embed", nn.initializers.normal(stddev=0.02),
-                       (cfg.vocab_size, cfg.embed_dim), dt)
-    x = jnp.take(embed, tokens, axis=0)  # [B,T,D]
+    if cfg.feature_layers:
+      embed = input_embed  # the target's [V,E], never a param of the draft
+      x = self._feature_input(jnp.take(embed, tokens, axis=0), target_features, context)
+    else:
+      embed = self.param("embed", nn.initializers.normal(stddev=0.02),
+                         (cfg.vocab_size, cfg.embed_dim), dt)
+      x = jnp.take(embed, tokens, axis=0)  # [B,T,D]
     slots = cache["k"].shape[2]
-    mask = jnp.arange(slots)[None, None, :] <= positions[:, :, None]  # [B,T,S]
+    if attn_mask is None:
+      mask = jnp.arange(slots)[None, None, :] <= positions[:, :, None]  # [B,T,S]
+    else:
+      mask = attn_mask
     write_start = cache["length"]
     kv = {"k": cache["k"], "v": cache["v"]}
+    emit = bool(hidden_layers)
+    if emit and max(hidden_layers) > cfg.num_layers:
+      raise ValueError(f"hidden_layers {hidden_layers} reach past the model's "
+                       f"{cfg.num_layers} layers")
 
+    residuals = [x]  # residuals[l]: the stream after l blocks
     if self.unstacked:
       for i in range(cfg.num_layers):
         (x, kv), _ = Block(cfg, name=f"layers_{i}")((x, kv), i, positions, write_start, mask)
+        residuals.append(x)
     else:
       blocks = nn.scan(
           Block,
@@ -232,11 +292,16 @@ class Transformer(nn.Module):
           split_rngs={"params": True},
           in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
           length=cfg.num_layers,
-      )(cfg, name="layers")
-      (x, kv), _ = blocks((x, kv), jnp.arange(cfg.num_layers), positions, write_start, mask)
+      )(cfg, emit_hidden=emit, name="layers")
+      (x, kv), stacked = blocks((x, kv), jnp.arange(cfg.num_layers), positions, write_start,
+                                mask)
+      if emit:
+        residuals += [stacked[i] for i in range(cfg.num_layers)]
+    hidden = (jnp.concatenate([residuals[i] for i in hidden_layers], axis=-1)
+              if emit else None)
     new_cache = {"k": kv["k"], "v": kv["v"], "length": cache["length"] + tokens.shape[1]}
     if not return_logits:
-      return None, new_cache
+      return None, new_cache, hidden
     x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
     if cfg.tie_embeddings:
       logits = jnp.einsum("btd,vd->btv", x, embed, preferred_element_type=jnp.float32)
@@ -247,14 +312,47 @@ class Transformer(nn.Module):
       if cfg.head_tokens and full_vocab:
         full = jnp.full(logits.shape[:-1] + (cfg.vocab_size,), -jnp.inf, logits.dtype)
         logits = full.at[..., jnp.asarray(cfg.head_tokens, jnp.int32)].set(logits)
-    return logits, new_cache
+    return logits, new_cache, hidden
+
+  def _feature_input(self, embedded, target_features, context):
+    """[B,T,E] embedded tokens + target features [B,T,F] or a context [B,T,D] -> [B,T,D]."""
+    cfg = self.config
+    dt = cfg.jnp_dtype
+    init = nn.initializers.normal(stddev=0.02)
+    k, e, d = len(cfg.feature_layers), cfg.feature_width, cfg.embed_dim
+    if (target_features is None) == (context is None):
+      raise ValueError("a feature draft needs exactly one of target_features [B,T,F] and "
+                       "context [B,T,D]")
+    if target_features is not None:
+      if target_features.shape[-1] != k * e:
+        raise ValueError(f"target_features have width {target_features.shape[-1]}, the draft "
+                         f"fuses {k} layers of width {e} = {k * e}")
+      f = target_features.reshape(target_features.shape[:-1] + (k, e))
+      f32 = f.astype(jnp.float32)  # each layer RMS-normalised on its own; `fuse` scales
+      f = (f32 * jax.lax.rsqrt(jnp.mean(f32 * f32, -1, keepdims=True) + cfg.norm_eps)).astype(dt)
+      fuse = self.param("fuse", init, (k * e, d), dt)
+      context = jnp.dot(f.reshape(target_features.shape), fuse)
+    y = jnp.concatenate([RMSNorm(cfg.norm_eps, dt, name="embed_norm")(embedded),
+                         RMSNorm(cfg.norm_eps, dt, name="context_norm")(context)], axis=-1)
+    return jnp.dot(y, self.param("in_proj", init, (e + d, d), dt))
 
 
 def init_params(config: ModelConfig, key: Array) -> dict:
-  """Random params (normal, std 0.02; norms at 1) for `config`. Jitted: one compile per config."""
+  """Random params (normal, std 0.02; norms at 1) for `config`. Jitted: one compile per config.
+
+  A feature draft has no 'embed' (it reads the target's); it has 'fuse', 'in_proj' and
+  the 'embed_norm' / 'context_norm' scales.
+  """
   tokens = jnp.zeros((1, 1), jnp.int32)
   cache = init_cache(config, 1, 1)
-  return Transformer(config).init(key, tokens, tokens, cache)["params"]
+  extra = {}
+  if config.feature_layers:
+    extra = dict(input_embed=jnp.zeros((config.vocab_size, config.feature_width),
+                                       config.jnp_dtype),
+                 target_features=jnp.zeros(
+                     (1, 1, len(config.feature_layers) * config.feature_width),
+                     config.jnp_dtype))
+  return Transformer(config).init(key, tokens, tokens, cache, **extra)["params"]
 
 
 def param_shapes(config: ModelConfig) -> dict:
@@ -288,18 +386,80 @@ def stack_layers(params) -> dict:
 
 
 def forward(params, tokens: Array, positions: Array, cache: Cache, *,
-            config: ModelConfig, return_logits: bool = True, full_vocab: bool = True):
+            config: ModelConfig, return_logits: bool = True, full_vocab: bool = True,
+            hidden_layers: tuple[int, ...] = (), input_embed: Array | None = None,
+            target_features: Array | None = None, context: Array | None = None,
+            attn_mask: Array | None = None):
   """(params, tokens[B,T], positions[B,T], cache) -> (logits[B,T,V] float32 | None, cache).
 
   params may be stacked or unstacked (see `Transformer`). With return_logits=False
   the final norm and head are skipped (a cache-only call). A vocabulary-subset head
   (`ModelConfig.head_tokens`) gives -inf outside its C tokens; full_vocab=False returns
   its C columns [B,T,C] instead (what distillation trains on).
+
+  hidden_layers (static ids in 0..L): also return the residual stream after that many
+  blocks, concatenated, as a third output [B,T,len*D].
+  A feature draft (`config.feature_layers`) also needs input_embed (the target's
+  embedding [V,E]) and exactly one of target_features [B,T,F] (fused here) and context
+  [B,T,D] (its own hidden states); see the module docstring.
+  attn_mask: bool [B,T,S] replacing the causal `slot <= position` mask (training-time
+  test unrolls attend along a diagonal; see `distill`).
   """
+  if config.feature_layers and input_embed is None:
+    raise ValueError("a feature draft needs input_embed (the target's embedding [V,E])")
   model = Transformer(config, unstacked=is_unstacked(params))
-  return model.apply({"params": params}, tokens, positions, cache, return_logits=return_logits,
-                     full_vocab=full_vocab)
+  logits, cache, hidden = model.apply(
+      {"params": params}, tokens, positions, cache, return_logits=return_logits,
+      full_vocab=full_vocab, hidden_layers=tuple(hidden_layers), input_embed=input_embed,
+      target_features=target_features, context=context, attn_mask=attn_mask)
+  if hidden_layers:
+    return logits, cache, hidden
+  return logits, cache
 
 
 def param_count(params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+
+
+def unrolled_feature_logits(params, tokens: Array, target_features: Array, *,
+                            config: ModelConfig, input_embed: Array, depth: int,
+                            full_vocab: bool = False) -> Array:
+  """Training-time test of a feature draft: logits [K,B,T,C] of K = depth unrolled passes.
+
+  tokens [B,T] and the target's features f [B,T,F] of one teacher-forced window. Pass 1
+  reads (x_i, f_{i-1}) at every position i, as the decode loop's re-read does. Pass k
+  reads (x_i, h^{k-1}_{i-1}), the previous pass's own hidden state, and its query at i
+  attends to what the k-th drafted token attends to when decoding from ℓ = i-k+1: pass 1's
+  keys at positions <= ℓ (true features) and pass m's key at position ℓ+m-1 for m = 2..k
+  (the diagonal). So pass k at position i equals the decode loop's q_k when x_{ℓ+1..i}
+  were drafted and accepted; rows i < k-1 have no such ℓ and should carry no loss.
+  The passes share one cache of K*T slots (pass k writes slots (k-1)T .. kT-1).
+  full_vocab: see `forward` (False: a subset head's own C columns).
+  """
+  if config.kind != "feature":
+    raise ValueError("unrolled_feature_logits needs a feature draft (config.feature_layers)")
+  b, t = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  cache = init_cache(config.replace(max_seq_len=max(config.max_seq_len, depth * t)), b,
+                     depth * t)
+  query = jnp.arange(t)[:, None]  # [T,1]
+  slot = jnp.arange(depth * t)[None, :]  # [1,K*T]
+  pass_of, col = slot // t, slot % t
+
+  def shift(x):  # x[:, i-1] at position i; zeros at 0
+    return jnp.pad(x, ((0, 0), (1, 0), (0, 0)))[:, :t]
+
+  inputs = {"target_features": shift(target_features)}
+  out = []
+  for k in range(1, depth + 1):
+    mask = (pass_of == 0) & (col <= query - k + 1)
+    for m in range(2, k + 1):
+      mask = mask | ((pass_of == m - 1) & (col == query - k + m))
+    cache = {**cache, "length": jnp.full((b,), (k - 1) * t, jnp.int32)}
+    logits, cache, hidden = forward(
+        params, tokens, positions, cache, config=config, full_vocab=full_vocab,
+        hidden_layers=(config.num_layers,), input_embed=input_embed,
+        attn_mask=jnp.broadcast_to(mask[None], (b, t, depth * t)), **inputs)
+    out.append(logits)
+    inputs = {"context": shift(hidden)}
+  return jnp.stack(out)

@@ -20,6 +20,19 @@ One speculative step for row b (length ℓ = num_tokens[b]-1, pending token t):
      token, fed to both models at the start of the next step.
 Rows advance by their own n, never by the batch minimum; finished rows idle.
 
+A feature draft (`ModelConfig.kind == 'feature'`, EAGLE-3 style; see `model`) pairs the
+token at position j with the target's features at j-1. Its cache holds positions below
+ℓ_d = draft_cache['length'] computed from the target's true features, and the state
+carries `features` [B,G+1,F], the target's features at ℓ_d-1 .. ℓ_d+G-1. Steps 1-2 become:
+  1'. one draft call re-reads positions ℓ_d .. ℓ_d+G (tokens from the buffer, true
+      features; fixed width G+1, only ℓ_d..ℓ valid per row, later slots are overwritten
+      before they are attended) and gives q_1 from the output at position ℓ;
+  2'. a `lax.scan` of G-1 cached calls feeds x_i at position ℓ+i with the draft's own
+      last hidden state as context, sampling x_{i+1} ~ q_{i+1}.
+The target call of step 3 also returns its features at ℓ..ℓ+G; they become `features`
+and ℓ_d = ℓ+1, so the next step's re-read covers the n+1 ≤ G+1 positions accepted.
+Steps 3-5, `verify` and the key schedule are the same for both kinds.
+
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
   step_key[b, s]  = fold_in(row_key[b], s)             s = loop step, 0-based
@@ -60,6 +73,7 @@ class DecodeState:
   step: Array  # int32 [], loop steps taken
   target_cache: dict
   draft_cache: dict | None
+  features: Array | None  # float [B,G+1,F], a feature draft's target features (see above)
   accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
 
@@ -200,39 +214,89 @@ def _pending(state: DecodeState) -> Array:
   return jnp.take_along_axis(state.tokens, (state.num_tokens - 1)[:, None], axis=1)[:, 0]
 
 
+def _draft_model(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
+                 draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool):
+  """Steps 1-2 for an independent draft -> (xs [B,G], qs [B,G,V], draft cache)."""
+  del target_params
+  length = state.num_tokens - 1
+
+  def draft_one(carry, keys):
+    cache, token, pos = carry
+    logits, cache = forward(draft_params, token[:, None], pos[:, None], cache,
+                            config=draft_config)
+    q = warp_fn(logits[:, 0])
+    x = jax.vmap(functools.partial(sample, greedy=greedy))(keys, q)
+    return (cache, x, pos + 1), (x, q)
+
+  draft_cache = _with_length(state.draft_cache, length)
+  (draft_cache, last, _), (xs, qs) = jax.lax.scan(
+      draft_one, (draft_cache, _pending(state), length), jnp.swapaxes(draft_keys, 0, 1))
+  _, draft_cache = forward(draft_params, last[:, None], (length + gamma)[:, None], draft_cache,
+                           config=draft_config, return_logits=False)
+  return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), draft_cache
+
+
+def _draft_feature(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
+                   draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool):
+  """Steps 1'-2' for a feature draft -> (xs [B,G], qs [B,G,V], draft cache)."""
+  length = state.num_tokens - 1
+  embed = target_params["embed"]
+  own = (draft_config.num_layers,)  # the draft's last hidden state: its own context
+  draft_sample = jax.vmap(functools.partial(sample, greedy=greedy))
+  base = state.draft_cache["length"]  # ℓ_d [B]
+  offsets = jnp.arange(gamma + 1)[None, :]
+  reread = jnp.take_along_axis(state.tokens, base[:, None] + offsets, axis=1)  # [B,G+1]
+  logits, cache, hidden = forward(draft_params, reread, base[:, None] + offsets,
+                                  state.draft_cache, config=draft_config, input_embed=embed,
+                                  target_features=state.features, hidden_layers=own)
+  at = (length - base)[:, None, None]  # the pending token's index in the re-read
+  first = jnp.take_along_axis(logits, at, axis=1)[:, 0]
+  h = jnp.take_along_axis(hidden, at, axis=1)[:, 0]
+  q1 = warp_fn(first)
+  x1 = draft_sample(draft_keys[:, 0], q1)
+
+  def draft_one(carry, keys):
+    cache, token, h, pos = carry
+    logits, cache, h = forward(draft_params, token[:, None], pos[:, None], cache,
+                               config=draft_config, input_embed=embed, context=h[:, None],
+                               hidden_layers=own)
+    q = warp_fn(logits[:, 0])
+    x = draft_sample(keys, q)
+    return (cache, x, h[:, 0], pos + 1), (x, q)
+
+  (cache, _, _, _), (xs, qs) = jax.lax.scan(
+      draft_one, (_with_length(cache, length + 1), x1, h, length + 1),
+      jnp.swapaxes(draft_keys[:, 1:], 0, 1))
+  xs = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
+  qs = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+  return xs, qs, cache
+
+
 def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                         max_new_tokens: int, verifier: Verifier = verify) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted."""
-  warp_fn = functools.partial(warp, temperature=sampling.temperature, top_k=sampling.top_k,
-                              top_p=sampling.top_p)
+  warp_fn = functools.partial(_warp_vocab, vocab=vocab_size, temperature=sampling.temperature,
+                              top_k=sampling.top_k, top_p=sampling.top_p)
+  feature = draft_config.kind == "feature"
   length = state.num_tokens - 1
   pending = _pending(state)
   split = jax.vmap(jax.random.split)(_step_keys(state))  # [B,2,2]
   draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
   verify_keys = split[:, 1]
 
-  def draft_one(carry, keys):
-    cache, token, pos = carry
-    logits, cache = forward(draft_params, token[:, None], pos[:, None], cache,
-                            config=draft_config)
-    q = warp_fn(logits[:, 0, :vocab_size])
-    x = jax.vmap(functools.partial(sample, greedy=sampling.temperature == 0))(keys, q)
-    return (cache, x, pos + 1), (x, q)
-
-  draft_cache = _with_length(state.draft_cache, length)
-  (draft_cache, last, _), (xs, qs) = jax.lax.scan(
-      draft_one, (draft_cache, pending, length), jnp.swapaxes(draft_keys, 0, 1))
-  xs, qs = jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1)  # [B,G], [B,G,V]
-  _, draft_cache = forward(draft_params, last[:, None], (length + gamma)[:, None], draft_cache,
-                           config=draft_config, return_logits=False)
+  draft_fn = _draft_feature if feature else _draft_model
+  xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys,
+                                 draft_config=draft_config, gamma=gamma, warp_fn=warp_fn,
+                                 greedy=sampling.temperature == 0)
 
   target_in = jnp.concatenate([pending[:, None], xs], axis=1)  # [B,G+1]
   positions = length[:, None] + jnp.arange(gamma + 1)[None, :]
-  logits, target_cache = forward(target_params, target_in, positions,
-                                 _with_length(state.target_cache, length), config=target_config)
-  ps = warp_fn(logits[:, :, :vocab_size])  # [B,G+1,V]
+  out = forward(target_params, target_in, positions, _with_length(state.target_cache, length),
+                config=target_config, hidden_layers=draft_config.feature_layers)
+  logits, target_cache = out[:2]
+  ps = warp_fn(logits)  # [B,G+1,V]
 
   block, num_accepted = verifier(xs, qs, ps, verify_keys)
   beta = acceptance_probability(qs, ps)
@@ -242,8 +306,19 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
       accept_prob=state.accept_prob.at[:, state.step].set(beta))
   state, _ = _emit(state, block, num_accepted + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
   new_length = state.num_tokens - 1
+  if feature:  # the re-read of the next step starts right after the pending token t
+    state = state.replace(features=out[2].astype(state.features.dtype))
+    draft_cache = _with_length(draft_cache, length + 1)
+  else:
+    draft_cache = _with_length(draft_cache, new_length)
   return state.replace(target_cache=_with_length(target_cache, new_length),
-                       draft_cache=_with_length(draft_cache, new_length), step=state.step + 1)
+                       draft_cache=draft_cache, step=state.step + 1)
+
+
+def _warp_vocab(logits: Array, *, vocab: int, temperature: float, top_k: int,
+                top_p: float) -> Array:
+  """warp of logits [..., ≥vocab] cut to the true vocabulary [..., vocab]."""
+  return warp(logits[..., :vocab], temperature, top_k, top_p)
 
 
 def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: ModelConfig,
@@ -279,15 +354,36 @@ autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
                *, target_config: ModelConfig, draft_config: ModelConfig | None, gamma: int,
                max_new_tokens: int) -> DecodeState:
-  """Prefills both caches with the prompts (cache-only calls) and builds the state."""
+  """Prefills both caches with the prompts (cache-only calls) and builds the state.
+
+  A feature draft reads the target's prefill features shifted by one position
+  (position 0 gets zeros) and starts with ℓ_d = ℓ (see the module docstring).
+  """
   batch, width = tokens.shape
   slots = width + max_new_tokens + gamma
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+  feature = draft_config is not None and draft_config.kind == "feature"
+  layers = draft_config.feature_layers if feature else ()
 
-  def prefill(params, config):
-    _, cache = forward(params, tokens, positions, init_cache(config, batch, slots),
-                       config=config, return_logits=False)
-    return _with_length(cache, prompt_len - 1)
+  out = forward(target_params, tokens, positions, init_cache(target_config, batch, slots),
+                config=target_config, return_logits=False, hidden_layers=layers)
+  target_cache = _with_length(out[1], prompt_len - 1)
+  draft_cache = features = None
+  if feature:
+    f = out[2]  # [B,W,F]: the target's features at positions 0..W-1
+    shifted = jnp.pad(f, ((0, 0), (1, gamma), (0, 0)))  # shifted[:, j] = f[:, j-1]
+    _, draft_cache = forward(draft_params, tokens, positions,
+                             init_cache(draft_config, batch, slots), config=draft_config,
+                             return_logits=False, input_embed=target_params["embed"],
+                             target_features=shifted[:, :width])
+    draft_cache = _with_length(draft_cache, prompt_len - 1)
+    features = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, gamma + 1))(
+        shifted, prompt_len - 1)
+  elif draft_config is not None:
+    _, draft_cache = forward(draft_params, tokens, positions,
+                             init_cache(draft_config, batch, slots), config=draft_config,
+                             return_logits=False)
+    draft_cache = _with_length(draft_cache, prompt_len - 1)
 
   buffer = jnp.zeros((batch, width + max_new_tokens + gamma + 1), jnp.int32)
   return DecodeState(
@@ -297,8 +393,9 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       done=jnp.zeros((batch,), bool),
       row_keys=row_keys,
       step=jnp.zeros((), jnp.int32),
-      target_cache=prefill(target_params, target_config),
-      draft_cache=None if draft_config is None else prefill(draft_params, draft_config),
+      target_cache=target_cache,
+      draft_cache=draft_cache,
+      features=features,
       accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
   )
@@ -345,7 +442,8 @@ decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
 
 
 def _finish(state: DecodeState, max_new_tokens: int, pad_id: int) -> GenerationResult:
-  state = jax.device_get(state.replace(target_cache=None, draft_cache=None))  # no KV copy
+  state = jax.device_get(state.replace(target_cache=None, draft_cache=None,  # no KV copy
+                                       features=None))
   tokens = np.asarray(state.tokens)
   prompt_len = np.asarray(state.prompt_len)
   lengths = np.asarray(state.num_tokens) - prompt_len
@@ -383,6 +481,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Model
   """Checks every argument and raises ValueError naming the offending one."""
   if draft_config is not None:
     _check_positive_int("gamma", gamma)
+    check_feature_draft(draft_config, target_config)
   _check_positive_int("max_new_tokens", max_new_tokens)
   sampling = SamplingConfig() if sampling is None else sampling
   if not isinstance(sampling, SamplingConfig):
@@ -412,11 +511,33 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Model
 
 
 def _check_params(params, config: ModelConfig, name: str) -> None:
-  embed = params.get("embed") if isinstance(params, dict) else None
+  if not isinstance(params, dict):
+    raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
+  if config.kind == "feature":
+    fuse = params.get("fuse")
+    want = (len(config.feature_layers) * config.feature_width, config.embed_dim)
+    if fuse is None or fuse.shape != want:
+      got = None if fuse is None else fuse.shape
+      raise ValueError(f"{name} params do not match its feature-draft config: fuse is {got}, "
+                       f"expected {want}")
+    return
+  embed = params.get("embed")
   if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
     got = None if embed is None else embed.shape
     raise ValueError(f"{name} params do not match its config: embed is {got}, expected "
                      f"{(config.vocab_size, config.embed_dim)}")
+
+
+def check_feature_draft(draft_config: ModelConfig, target_config: ModelConfig) -> None:
+  """Raises ValueError if a feature draft cannot read this target's hidden states."""
+  if draft_config.kind != "feature":
+    return
+  if draft_config.feature_width != target_config.embed_dim:
+    raise ValueError(f"feature draft reads target width {draft_config.feature_width}, the "
+                     f"target has embed_dim {target_config.embed_dim}")
+  if max(draft_config.feature_layers) > target_config.num_layers:
+    raise ValueError(f"feature draft fuses target layers {draft_config.feature_layers}; the "
+                     f"target has {target_config.num_layers}")
 
 
 def speculative_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
