@@ -47,7 +47,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       max_seq_len=2048, tie_embeddings=False,
-      head_vocab=8192))  # a subset head: EOS, BOS and the most frequent train tokens
+      head_vocab=8192,
+      feature_layers=()))  # target layer ids: a feature draft (EAGLE-3); () = independent  # a subset head: EOS, BOS and the most frequent train tokens
+  c.unroll = 1  # feature drafts: training-time-test passes (draft.feature_layers set)
+  c.feature_cache_windows = 0  # feature drafts: cached target windows of seq_len tokens
   c.draft_init = "svd"  # 'random' | 'svd' | 'copy' | 'saved:<dir>'
   # Objective.
   c.loss = "fkl"  # 'fkl' | 'rkl' | 'jsd' | 'tvd'

@@ -27,7 +27,10 @@ def get_config() -> ml_collections.ConfigDict:
       max_seq_len=256, seed=1, logit_scale=6.0))
   c.draft = ml_collections.ConfigDict(dict(
       num_layers=1, embed_dim=32, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=16,
-      max_seq_len=256, tie_embeddings=False))
+      max_seq_len=256, tie_embeddings=False,
+      feature_layers=()))  # target layer ids: a feature draft (EAGLE-3); () = independent
+  c.unroll = 1  # feature drafts: training-time-test passes (draft.feature_layers set)
+  c.feature_cache_windows = 0  # feature drafts: cached target windows of seq_len tokens
   c.draft_init = "random"  # 'random' | 'svd' | 'copy' | 'saved:<dir>'
   # Objective.
   c.loss = "fkl"  # 'fkl' | 'rkl' | 'jsd' | 'tvd'

@@ -1,0 +1,367 @@
+"""The runs behind the scripts: set-up from a config, the training loop, checkpoints, reports.
+
+`run_distillation` distils config.draft toward config.target and `run_pretraining`
+trains models from scratch; both resume from the workdir's latest orbax checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import signal
+import time
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+
+from specdec_jax import data, loading
+from specdec_jax.distill.evaluation import evaluate
+from specdec_jax.distill.feature_cache import build_feature_cache, corpus_windows
+from specdec_jax.distill.initialization import init_draft_params, random_params
+from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainState, commit,
+                                      init_train_state, is_on_policy, lm_train_step,
+                                      make_feature_train_step, make_train_step)
+from specdec_jax.io import checkpoint as ckpt_lib
+from specdec_jax.model import ModelConfig, param_count, param_shapes
+
+Array = jax.Array
+PyTree = Any
+
+
+# --------------------------------------------------------------------------- run set-up
+
+def load_target(config, tokenizer) -> tuple[ModelConfig, dict]:
+  """(target_config, target_params) of config.target via `loading.load_target`.
+
+  'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny' (random params
+  of config.target_model, final norm scaled by its logit_scale so that p is peaked).
+  """
+  return loading.load_target(config.target, tokenizer, dims=config.target_model)
+
+
+def load_corpus(config, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+  """(train tokens, held-out tokens) of config.corpora, split by document, cached."""
+  train, held = [], []
+  for corpus in config.corpora:
+    docs = data.load_documents(corpus)
+    tr, he = data.split_documents(docs, config.heldout_fraction, seed=config.split_seed)
+    tag = f"{tokenizer.identity[:12]}-h{config.heldout_fraction:g}-s{config.split_seed}"
+    for split, part, out in (("train", tr, train), ("heldout", he, held)):
+      out.append(data.tokenize_cached(part, tokenizer, config.cache_dir,
+                                      f"{corpus}-{split}-{tag}", tokenizer.eos_id).tokens)
+  return np.concatenate(train), np.concatenate(held)
+
+
+def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
+                      always=()) -> ModelConfig:
+  """The draft's ModelConfig: config.draft dims on the target's vocabulary and RoPE.
+
+  config.draft.head_vocab = C > 0 gives a vocabulary-subset head on C ids: those in
+  `always` (e.g. EOS) and the most frequent train_tokens; 0 or absent: the full vocabulary.
+  """
+  head_vocab = int(config.draft.get("head_vocab", 0) or 0)
+  head_tokens = ()
+  if head_vocab:
+    if train_tokens is None:
+      raise ValueError("draft.head_vocab > 0 needs the training tokens to rank")
+    head_tokens = data.frequent_tokens(train_tokens, head_vocab, target_config.vocab_size,
+                                       always=always)
+  feature = {}
+  if config.draft.get("feature_layers"):  # a feature draft reads this target's width
+    feature = dict(feature_width=target_config.embed_dim)
+  return loading.model_config(config.draft, target_config.vocab_size,
+                              rope_theta=target_config.rope_theta,
+                              norm_eps=target_config.norm_eps, head_tokens=head_tokens,
+                              **feature)
+
+
+def _special_ids(tokenizer) -> tuple[int, ...]:
+  """EOS / BOS ids of a tokenizer (those it has)."""
+  ids = (getattr(tokenizer, name, None) for name in ("eos_id", "bos_id"))
+  return tuple(int(i) for i in ids if i is not None and i >= 0)
+
+
+def _optim(config, steps: int | None = None, lr: float | None = None,
+           warmup: int | None = None) -> OptimizerSettings:
+  return OptimizerSettings(lr=config.lr if lr is None else lr,
+                           warmup=config.warmup if warmup is None else warmup,
+                           steps=config.steps if steps is None else steps, clip=config.clip,
+                           weight_decay=config.weight_decay)
+
+
+def _named_keys(seed: int, *names: str) -> dict[str, Array]:
+  root = jax.random.PRNGKey(seed)
+  return dict(zip(names, jax.random.split(root, len(names))))
+
+
+def _mean_metrics(pending: list[dict]) -> dict[str, float]:
+  pending = jax.device_get(pending)
+  return {k: float(np.mean([m[k] for m in pending])) for k in pending[0]}
+
+
+def _fmt(metrics: Mapping[str, float], keys=None) -> str:
+  keys = keys or sorted(metrics)
+  return " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
+
+
+def _log_default(msg: str) -> None:
+  from tqdm import tqdm
+  tqdm.write(msg)
+
+
+def _fit(state: TrainState, *, step_fn, batch_fn, eval_fn, checkpointer, steps: int,
+         log_every: int, eval_every: int, stop_after: int, extra: dict, log, desc: str):
+  """The shared training loop: resume, step, log, evaluate, checkpoint. -> (state, extra)."""
+  from tqdm import tqdm
+  start = int(state.step)
+  clock = time.perf_counter()
+  spent = float(extra.get("train_time_s", 0.0))
+  pending: list[dict] = []
+  with tqdm(total=steps, initial=start, desc=desc, dynamic_ncols=True) as bar:
+    for step in range(start, steps):
+      batch = batch_fn(step)
+      state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
+      pending.append(metrics)
+      done = step + 1
+      if done % log_every == 0 or done == steps:
+        mean = _mean_metrics(pending)
+        pending = []
+        extra["last_metrics"] = {"step": done, **mean}
+        bar.set_postfix(loss=f"{mean['loss']:.4g}")
+        log(f"[{desc}] step {done}: {_fmt(mean)}")
+      if eval_every and (done % eval_every == 0 or done == steps):
+        result = eval_fn(state.params)
+        extra.setdefault("evals", []).append({"step": done, **result})
+        log(f"[{desc}] step {done} held-out: {_fmt(result)}")
+      extra.update(data_step=done, train_time_s=spent + time.perf_counter() - clock)
+      if checkpointer.save(done, state.to_dict(), extra=extra, force=done == steps):
+        log(f"[{desc}] checkpoint saved at step {done}")
+      bar.update(1)
+      if stop_after and done == stop_after:  # a simulated crash: no cleanup at all
+        log(f"[{desc}] stop_after={stop_after}: killing this process")
+        os.kill(os.getpid(), signal.SIGKILL)
+  checkpointer.close()
+  return state, extra
+
+
+def _final_eval(extra: dict, state: TrainState, eval_fn) -> dict:
+  """The held-out measures of the final params: the loop's last evaluation if it ran at
+  the final step, else a fresh one."""
+  evals = extra.get("evals") or [{}]
+  if evals[-1].get("step") == int(state.step):
+    return {k: v for k, v in evals[-1].items() if k != "step"}
+  return eval_fn(state.params)
+
+
+def _write_json(path: pathlib.Path, obj) -> None:
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
+  os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- runs
+
+@dataclasses.dataclass(frozen=True)
+class DistillSetup:
+  """Everything a distillation run builds from its config before the loop."""
+
+  tokenizer: Any
+  target_config: ModelConfig
+  target_params: PyTree
+  draft_config: ModelConfig
+  settings: DistillSettings
+  optim: OptimizerSettings
+  train_tokens: np.ndarray  # int32 [N_train]
+  windows: np.ndarray  # int32 [eval_windows, seq_len+1], held-out documents
+  keys: dict[str, Array]  # 'draft_init', 'train'
+
+
+def setup_distillation(config) -> DistillSetup:
+  """Tokenizer, target, draft config, step settings, corpus and keys of a config."""
+  tokenizer = loading.load_tokenizer(config.tokenizer)
+  target_config, target_params = load_target(config, tokenizer)
+  train_tokens, held_tokens = load_corpus(config, tokenizer)
+  settings = DistillSettings(
+      loss=config.loss, temperature=config.temperature,
+      greedy_temperature=config.greedy_temperature,
+      prompt_len=config.prompt_len if config.on_policy_fraction > 0 else 0,
+      vocab_size=getattr(tokenizer, "vocab_size", None), unroll=int(config.get("unroll", 1)))
+  draft_config = draft_config_from(config, target_config, train_tokens,
+                                   always=_special_ids(tokenizer))
+  if draft_config.kind == "feature" and config.on_policy_fraction > 0:
+    raise ValueError(f"a feature draft trains teacher-forced on cached target outputs; set "
+                     f"on_policy_fraction=0, got {config.on_policy_fraction}")
+  return DistillSetup(
+      tokenizer=tokenizer, target_config=target_config,
+      target_params=commit(target_params),
+      draft_config=draft_config, settings=settings,
+      optim=_optim(config), train_tokens=train_tokens,
+      windows=data.heldout_windows(held_tokens, config.eval_windows, config.seq_len,
+                                   seed=config.split_seed),
+      keys=_named_keys(config.seed, "draft_init", "train"))
+
+
+def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
+  """Distills config.draft toward config.target; resumes from workdir's latest checkpoint.
+
+  Writes workdir/checkpoints/ (orbax), workdir/draft/ (`save_params`) and
+  workdir/report.json, and returns the report.
+  """
+  log = log or _log_default
+  workdir = pathlib.Path(workdir).absolute()
+  workdir.mkdir(parents=True, exist_ok=True)
+  setup = setup_distillation(config)
+  tokenizer, draft_config, train_tokens = setup.tokenizer, setup.draft_config, setup.train_tokens
+  target_config, target_params = setup.target_config, setup.target_params
+  settings, optim, keys = setup.settings, setup.optim, setup.keys
+  identity = ckpt_lib.run_identity(draft_config, tokenizer.identity,
+                                   ckpt_lib.target_identity(target_config, target_params))
+  log(f"target {config.target}: {param_count(target_params):,} params; draft "
+      f"{config.draft_init}: {draft_config}")
+
+  evaluate_fn = functools.partial(
+      evaluate, target_params=target_params, windows=setup.windows, draft_config=draft_config,
+      target_config=target_config, temperatures=tuple(sorted({0.0, 1.0, config.temperature})),
+      batch_size=config.eval_batch_size, vocab_size=settings.vocab_size)
+  like = jax.eval_shape(lambda p: init_train_state(p, keys["train"], optim).to_dict(),
+                        param_shapes(draft_config))
+  checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", identity=identity,
+                                       save_every=config.checkpoint_every, keep=config.keep)
+  restored = checkpointer.restore_latest(like)
+  if restored is None:
+    params = init_draft_params(draft_config, keys["draft_init"], method=config.draft_init,
+                               target_params=target_params, target_config=target_config,
+                               tokenizer_identity=tokenizer.identity)
+    state = init_train_state(params, keys["train"], optim)
+    extra = {"eval_before": evaluate_fn(state.params), "resumed_from": []}
+    log(f"before distillation: {_fmt(extra['eval_before'])}")
+  else:
+    state, extra = TrainState.from_dict(restored[0]), restored[1]
+    extra["resumed_from"] = extra.get("resumed_from", []) + [int(state.step)]
+    log(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+
+  cache_seconds = 0.0
+  if draft_config.kind == "feature":
+    clock = time.perf_counter()
+    cache = build_feature_cache(
+        workdir / "feature_cache",
+        corpus_windows(train_tokens, config.feature_cache_windows, config.seq_len, config.seed),
+        target_params=target_params, target_config=target_config, draft_config=draft_config,
+        temperature=settings.temperature, greedy_temperature=settings.greedy_temperature,
+        identity={"target": identity["target"], "tokenizer": tokenizer.identity}, log=log)
+    cache_seconds = time.perf_counter() - clock
+    step_fn = make_feature_train_step(target_params["embed"], draft_config=draft_config,
+                                      settings=settings, optim=optim)
+
+    def batch_fn(step):
+      return cache.batch(step, config.batch_size, config.seed)
+  else:
+    step_fn = make_train_step(target_params, draft_config=draft_config,
+                              target_config=target_config, settings=settings, optim=optim)
+
+    def batch_fn(step):
+      tokens = data.batch_at(train_tokens, config.batch_size, config.seq_len, config.seed, step)
+      return {"tokens": tokens[:, :-1],
+              "on_policy": np.bool_(is_on_policy(step, config.on_policy_fraction))}
+
+  state, extra = _fit(state, step_fn=step_fn, batch_fn=batch_fn,
+                      eval_fn=evaluate_fn, checkpointer=checkpointer,
+                      steps=config.steps, log_every=config.log_every,
+                      eval_every=config.eval_every, stop_after=config.stop_after,
+                      extra=extra, log=log, desc=f"distill-{config.loss}")
+  after = _final_eval(extra, state, evaluate_fn)
+  draft_dir = ckpt_lib.save_params(
+      workdir / "draft", state.params, draft_config, tokenizer_identity=tokenizer.identity,
+      extra={"target": identity["target"], "loss": config.loss,
+             "temperature": config.temperature, "alpha_after": after})
+  report = {
+      "alpha_before": {k: v for k, v in extra["eval_before"].items() if k.startswith("alpha")},
+      "alpha_after": {k: v for k, v in after.items() if k.startswith("alpha")},
+      "eval_before": extra["eval_before"], "eval_after": after,
+      "evals": extra.get("evals", []), "final_train_metrics": extra.get("last_metrics"),
+      "loss": config.loss, "temperature": config.temperature,
+      "training_time_s": extra.get("train_time_s"), "steps": int(state.step),
+      "draft_kind": draft_config.kind, "feature_cache_s": cache_seconds,
+      "resumed_from": extra.get("resumed_from", []),
+      "seeds": {"seed": config.seed, "split_seed": config.split_seed,
+                "target_seed": config.target_model.seed if config.target == "random_tiny"
+                else None},
+      "target": config.target, "target_identity": identity["target"],
+      "tokenizer": tokenizer.identity, "draft_config": draft_config.to_dict(),
+      "draft_params": param_count(state.params), "draft_dir": str(draft_dir),
+      "config": config.to_dict(),
+  }
+  _write_json(workdir / "report.json", report)
+  log(f"alpha before {report['alpha_before']} -> after {report['alpha_after']}")
+  return report
+
+
+def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "draft"),
+                    log=None) -> dict:
+  """Trains config.target_model and/or config.draft from scratch with cross-entropy.
+
+  Each model gets workdir/<name>/checkpoints and workdir/<name>/model (`save_params`,
+  usable as target 'saved:<dir>' or draft_init 'saved:<dir>'); returns a report per model.
+  """
+  log = log or _log_default
+  workdir = pathlib.Path(workdir).absolute()
+  tokenizer = loading.load_tokenizer(config.tokenizer)
+  train_tokens, held_tokens = load_corpus(config, tokenizer)
+  pre = config.pretrain
+  windows = data.heldout_windows(held_tokens, config.eval_windows, pre.seq_len,
+                                 seed=config.split_seed)
+  vocab = tokenizer.vocab_size
+  reports = {}
+  for name in models:
+    dims = {"target": config.target_model, "draft": config.draft}[name]
+    if dims.get("head_vocab") or dims.get("head_tokens"):
+      raise ValueError(f"pretraining trains a full-vocabulary head (cross-entropy needs q > 0 "
+                       f"on every label); set {name}.head_vocab=0, got "
+                       f"{dims.get('head_vocab') or len(dims.get('head_tokens'))}")
+    model_config = loading.model_config(dims, vocab)
+    keys = _named_keys(config.seed, f"{name}_init", "train")
+    optim = _optim(config, steps=pre.steps, lr=pre.lr, warmup=pre.warmup)
+    identity = ckpt_lib.run_identity(model_config, tokenizer.identity, "none (pretraining)")
+    checkpointer = ckpt_lib.Checkpointer(workdir / name / "checkpoints", identity=identity,
+                                         save_every=config.checkpoint_every, keep=config.keep)
+    like = jax.eval_shape(lambda p: init_train_state(p, keys["train"], optim).to_dict(),
+                          param_shapes(model_config))
+    restored = checkpointer.restore_latest(like)
+    if restored is None:
+      state = init_train_state(random_params(model_config, keys[f"{name}_init"]),
+                               keys["train"], optim)
+      extra = {"resumed_from": []}
+    else:
+      state, extra = TrainState.from_dict(restored[0]), restored[1]
+      extra["resumed_from"] = extra.get("resumed_from", []) + [int(state.step)]
+      log(f"[{name}] resumed from step {int(state.step)}")
+    eval_fn = functools.partial(evaluate, target_params=None, windows=windows,
+                                draft_config=model_config, target_config=None,
+                                batch_size=config.eval_batch_size)
+    step_fn = functools.partial(lm_train_step, config=model_config, optim=optim)
+    state, extra = _fit(
+        state, step_fn=step_fn,
+        batch_fn=lambda s: data.batch_at(train_tokens, pre.batch_size, pre.seq_len,
+                                         config.seed, s),
+        eval_fn=eval_fn, checkpointer=checkpointer, steps=pre.steps,
+        log_every=config.log_every, eval_every=config.eval_every,
+        stop_after=config.stop_after, extra=extra, log=log, desc=f"pretrain-{name}")
+    nll = _final_eval(extra, state, eval_fn)["draft_nll"]
+    heldout = {"nll": nll, "ppl": math.exp(nll)}
+    model_dir = ckpt_lib.save_params(workdir / name / "model", state.params, model_config,
+                                     tokenizer_identity=tokenizer.identity,
+                                     extra={"heldout": heldout})
+    reports[name] = {"heldout": heldout, "model_dir": str(model_dir),
+                     "training_time_s": extra.get("train_time_s"), "steps": int(state.step),
+      "draft_kind": draft_config.kind, "feature_cache_s": cache_seconds,
+                     "params": param_count(state.params), "config": model_config.to_dict(),
+                     "resumed_from": extra.get("resumed_from", [])}
+  report = {"models": reports, "tokenizer": tokenizer.identity, "seed": config.seed,
+            "config": config.to_dict()}
+  _write_json(workdir / "pretrain_report.json", report)
+  return report
