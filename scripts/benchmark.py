@@ -35,7 +35,7 @@ def step_compile_seconds(pair, config, gamma: int) -> float:
       pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
       gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
       seed=config.seed, row_ids=None, eos_id=None, pad_id=0, vocab_size=pair.vocab_size,
-      verifier=None)
+      verifier=pair.verifier)
   state = spec.init_state_jit(pair.target_params, pair.draft_params, args.tokens,
                               args.prompt_len, args.row_keys, target_config=pair.target_config,
                               draft_config=pair.draft_config, gamma=gamma,
@@ -64,7 +64,8 @@ def main(argv):
                                          tokens=1, context=context)
   print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
         f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
-        f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}")
+        f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}  "
+        f"verifier {pair.verifier}")
   print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
         + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
   rows = []
@@ -77,7 +78,7 @@ def main(argv):
         pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
         pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
         sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
-        vocab_size=pair.vocab_size)
+        vocab_size=pair.vocab_size, verifier=pair.verifier)
     pred = studies.predicted_speedup(res.alpha, gamma, c, v[gamma + 1])
     row = {**res.to_dict(), "c": c, "v": v[gamma + 1], "predicted_speedup": pred,
            "leviathan_speedup": studies.predicted_speedup(res.alpha, gamma, c, 1.0),

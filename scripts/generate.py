@@ -38,7 +38,8 @@ def main(argv):
     def run():
       return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
                                   target_config=pair.target_config,
-                                  draft_config=pair.draft_config, gamma=config.gamma, **kw)
+                                  draft_config=pair.draft_config, gamma=config.gamma,
+                                  verifier=pair.verifier, **kw)
   t0 = time.perf_counter()
   out = run()  # includes compilation
   first = time.perf_counter() - t0

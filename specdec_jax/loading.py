@@ -135,6 +135,7 @@ class Pair:
   draft_params: dict | None
   prompts: list[list[int]]
   sampling: "SamplingConfig"
+  verifier: str = "token"  # 'token' | 'block' (speculative.VERIFIERS)
 
   @property
   def vocab_size(self) -> int:
@@ -170,5 +171,8 @@ def load_pair(config, prompts: list[str] | None = None) -> Pair:
     target_params = unstack_layers(target_params)
     if draft_params is not None:
       draft_params = unstack_layers(draft_params)
+  from specdec_jax.speculative import resolve_verifier
+  verifier = str(config.get("verifier", "token"))
+  resolve_verifier(verifier)  # a clear error for an unknown name, before any work
   return Pair(tokenizer, target_cfg, as_jax(target_params), draft_cfg,
-              None if draft_params is None else as_jax(draft_params), ids, sampling)
+              None if draft_params is None else as_jax(draft_params), ids, sampling, verifier)

@@ -55,10 +55,26 @@ import numpy as np
 
 from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.sampling import SamplingConfig, sample, warp
-from specdec_jax.verify import acceptance_probability, verify
+from specdec_jax.verify import acceptance_probability, block_verify, verify
 
 Array = jax.Array
 Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
+# The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
+VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
+
+
+def resolve_verifier(verifier) -> Verifier:
+  """None -> `verify`; 'token' | 'block' (`VERIFIERS`); or a function with its signature."""
+  if verifier is None:
+    return verify
+  if isinstance(verifier, str):
+    if verifier not in VERIFIERS:
+      raise ValueError(f"unknown verifier {verifier!r}; expected one of {sorted(VERIFIERS)}")
+    return VERIFIERS[verifier]
+  if not callable(verifier):
+    raise ValueError(f"verifier must be a name in {sorted(VERIFIERS)} or a function, got "
+                     f"{type(verifier).__name__}")
+  return verifier
 
 
 @flax.struct.dataclass
@@ -506,7 +522,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Model
     raise ValueError(f"row_ids must be {batch} ints, got {row_ids!r}")
   statics = dict(target_config=target_config, draft_config=draft_config, gamma=g,
                  sampling=sampling, vocab_size=vocab, eos_id=eos_id,
-                 max_new_tokens=max_new_tokens, verifier=verifier or verify)
+                 max_new_tokens=max_new_tokens, verifier=resolve_verifier(verifier))
   return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id)
 
 
@@ -545,11 +561,12 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                          sampling: SamplingConfig | None = None, seed=0, row_ids=None,
                          eos_id: int | None = None, pad_id: int = 0,
                          vocab_size: int | None = None,
-                         verifier: Verifier | None = None) -> GenerationResult:
+                         verifier: Verifier | str | None = None) -> GenerationResult:
   """Speculative sampling of up to max_new_tokens per prompt, one jitted while_loop.
 
   prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
   seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
+  verifier: 'token' (default, `verify`), 'block' (`block_verify`) or a function.
   """
   _check_params(target_params, target_config, "target")
   _check_params(draft_params, draft_config, "draft")

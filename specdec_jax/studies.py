@@ -62,18 +62,28 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, float
 
 
 def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
-                 repeats: int = 20, return_logits: bool = True) -> float:
-  """Median seconds of one cached forward of `tokens` new tokens after `context` ones."""
+                 repeats: int = 20, return_logits: bool = True,
+                 input_embed=None) -> float:
+  """Median seconds of one cached forward of `tokens` new tokens after `context` ones.
+
+  A feature draft needs input_embed (the target's embedding) and is timed as it drafts:
+  on its own hidden state as context, returning that state too.
+  """
   slots = context + tokens
   cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
   toks = jnp.zeros((batch, tokens), jnp.int32)
   pos = context + jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
+  feature = {}
+  if config.kind == "feature":
+    feature = dict(input_embed=input_embed, hidden_layers=(config.num_layers,),
+                   context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
   return median_seconds(lambda: _timed_forward(params, toks, pos, cache, config=config,
-                                               return_logits=return_logits), repeats)[1]
+                                               return_logits=return_logits, **feature),
+                        repeats)[1]
 
 
 # One jitted forward for every timing call: compiled once per (config, shapes), not per call.
-_timed_forward = jax.jit(forward, static_argnames=("config", "return_logits"))
+_timed_forward = jax.jit(forward, static_argnames=("config", "return_logits", "hidden_layers"))
 
 
 def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
@@ -92,7 +102,7 @@ def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
   t = call_seconds(target_params, target_config, batch=batch, tokens=1, context=context,
                    repeats=repeats)
   d = call_seconds(draft_params, draft_config, batch=batch, tokens=1, context=context,
-                   repeats=repeats)
+                   repeats=repeats, input_embed=target_params.get("embed"))
   return d / t
 
 
@@ -122,7 +132,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
                  draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
                  sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
                  eos_id: int | None = None, vocab_size: int | None = None,
-                 return_results: bool = False):
+                 return_results: bool = False, verifier: str = "token"):
   """Times autoregressive and speculative generation alternately, median of repeats.
 
   Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with
@@ -137,7 +147,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   def sd():
     return speculative_generate(target_params, draft_params, prompts,
                                 target_config=target_config, draft_config=draft_config,
-                                gamma=gamma, **common)
+                                gamma=gamma, verifier=verifier, **common)
 
   first = {}
   for name, fn in (("ar", ar), ("sd", sd)):

@@ -16,6 +16,18 @@ max(0, p - q), so every emitted token is distributed as p.
 
 A verifier is any function with the signature of `verify`; `speculative_step`
 takes it as an argument so that a block verifier can sit beside this one.
+
+Block verification (`block_verify`; Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami,
+Suresh, "Block Verification Accelerates Speculative Decoding", ICLR 2025,
+arXiv:2403.10444) verifies the block jointly, with the same inputs:
+  w_0 = 1,  w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i))                    i = 1..G
+  r_i = Σ_x max(0, w_i p_{i+1}(x) - q_{i+1}(x))   with q_{G+1} ≡ 0 (so r_G = w_G)
+  h_0 = 1,  h_i = r_i / (r_i + 1 - w_i)  (1 where 0/0; h_G = w_G)        i = 1..G
+  τ = max({0} ∪ {i ≥ 1 : η_i < h_i}),  η_i ~ U[0,1)
+  y ~ norm(max(0, w_τ p_{τ+1} - q_{τ+1}))  (p_{τ+1} where that mass underflows)
+and the row emits x_1..x_τ, y. Every emitted token is still distributed as p given
+the emitted prefix; E[τ] is never below token-wise verification's E[n] (equal at
+G = 1); the paper proves it optimal in expected tokens per iteration.
 """
 
 from __future__ import annotations
@@ -85,6 +97,60 @@ def verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Ar
       that hold the rejected drafts (never emitted).
     num_accepted: int32 [B], the length n of the leading accepted run (0..G).
   """
+  draft_tokens, draft_probs, target_probs = _check_verifier_args(draft_tokens, draft_probs,
+                                                                  target_probs)
+  b = draft_tokens.shape[0]
+  keys = _row_keys(key, b)
+  row = functools.partial(_verify_row, residual_fn=residual_fn)
+  return jax.vmap(row)(draft_tokens, draft_probs, target_probs, keys)
+
+
+def acceptance_probability(draft_probs: Array, target_probs: Array) -> Array:
+  """β_i = Σ_x min(p_i(x), q_i(x)) = 1 - TV(p_i, q_i). [B,G,V],[B,G(+1),V] -> [B,G]."""
+  g = draft_probs.shape[-2]
+  return jnp.sum(jnp.minimum(draft_probs, target_probs[..., :g, :]), axis=-1)
+
+
+# --------------------------------------------------------------- block verification
+
+def block_residual_distribution(p: Array, q: Array, weight: Array) -> Array:
+  """norm(max(0, weight * p - q)) over the last axis; p itself where that mass underflows.
+
+  p, q: [..., V]; weight: [...] (w_τ of `block_verify`). weight = 1 gives
+  `residual_distribution`; q = 0 (the bonus position) gives p.
+  """
+  residual = jnp.maximum(jnp.asarray(weight)[..., None] * p - q, 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  return jnp.where(mass > jnp.finfo(jnp.float32).tiny,
+                   residual / jnp.where(mass > 0, mass, 1.0), p)
+
+
+def _block_terms_row(draft_tokens, draft_probs, target_probs):
+  """One row: tokens[G], q[G,V], p[G+1,V] -> (weights w[G+1], stop probabilities h[G+1],
+  q padded with a zero row [G+1,V])."""
+  gamma = draft_tokens.shape[0]
+  q_x = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
+  p_x = jnp.take_along_axis(target_probs[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
+
+  def step(w, pq):
+    p_i, q_i = pq
+    wp = w * p_i
+    # min(1, w p / q) without dividing by zero (q = 0 only for impossible drafts).
+    w = jnp.where(wp > q_i, 1.0, wp / jnp.maximum(q_i, jnp.finfo(jnp.float32).tiny))
+    return w, w
+
+  _, w_tail = jax.lax.scan(step, jnp.float32(1.0), (p_x, q_x))
+  weights = jnp.concatenate([jnp.ones((1,), jnp.float32), w_tail])  # w_0..w_G
+  q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
+  excess = jnp.sum(jnp.maximum(weights[:, None] * target_probs - q_padded, 0.0), axis=-1)
+  denom = excess + (1.0 - weights)  # >= excess in floating point too, so h <= 1
+  stop = jnp.where(denom > 0, excess / jnp.where(denom > 0, denom, 1.0), 1.0)
+  stop = stop.at[0].set(1.0).at[gamma].set(weights[gamma])
+  return weights, stop, q_padded
+
+
+def _check_verifier_args(draft_tokens, draft_probs, target_probs):
+  """The argument checks of `verify`; returns (tokens int32, q float32, p float32)."""
   draft_tokens = jnp.asarray(draft_tokens)
   draft_probs = jnp.asarray(draft_probs, jnp.float32)
   target_probs = jnp.asarray(target_probs, jnp.float32)
@@ -100,12 +166,72 @@ def verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Ar
   if target_probs.shape != (b, g + 1, v):
     raise ValueError(f"target_probs must be [B,G+1,V] = {(b, g + 1, v)}, got "
                      f"{target_probs.shape} (draft and target vocabularies must match)")
-  keys = _row_keys(key, b)
-  row = functools.partial(_verify_row, residual_fn=residual_fn)
-  return jax.vmap(row)(draft_tokens.astype(jnp.int32), draft_probs, target_probs, keys)
+  return draft_tokens.astype(jnp.int32), draft_probs, target_probs
 
 
-def acceptance_probability(draft_probs: Array, target_probs: Array) -> Array:
-  """β_i = Σ_x min(p_i(x), q_i(x)) = 1 - TV(p_i, q_i). [B,G,V],[B,G(+1),V] -> [B,G]."""
-  g = draft_probs.shape[-2]
-  return jnp.sum(jnp.minimum(draft_probs, target_probs[..., :g, :]), axis=-1)
+def block_verification_terms(draft_tokens: Array, draft_probs: Array, target_probs: Array):
+  """The deterministic part of `block_verify`, for exact (enumerated) analysis.
+
+  Returns weights w [B,G+1] (w_0..w_G), stop probabilities h [B,G+1] (h_0 = 1) and the
+  correction distributions [B,G+1,V] (row τ is drawn from when the row stops at τ).
+  Given the drafts, P(τ = i) = h_i Π_{j>i} (1 - h_j).
+  """
+  tokens, q, p = _check_verifier_args(draft_tokens, draft_probs, target_probs)
+  weights, stop, q_padded = jax.vmap(_block_terms_row)(tokens, q, p)
+  return weights, stop, block_residual_distribution(p, q_padded, weights)
+
+
+def _block_verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn):
+  """One row: draft_tokens[G], draft_probs[G,V], target_probs[G+1,V] -> (tokens[G+1], τ)."""
+  gamma = draft_tokens.shape[0]
+  weights, stop, q_padded = _block_terms_row(draft_tokens, draft_probs, target_probs)
+  key_accept, key_resample = jax.random.split(key)
+  eta = jax.random.uniform(key_accept, (gamma,), jnp.float32)  # η_1..η_G
+  positions = jnp.arange(1, gamma + 1, dtype=jnp.int32)
+  num_accepted = jnp.max(jnp.where(eta < stop[1:], positions, 0))  # the backward scan's τ
+  correction = residual_fn(target_probs[num_accepted], q_padded[num_accepted],
+                           weights[num_accepted])
+  next_token = sample(key_resample, correction)
+  tokens = jnp.concatenate([draft_tokens, next_token[None]])
+  tokens = tokens.at[num_accepted].set(next_token)
+  return tokens, num_accepted.astype(jnp.int32)
+
+
+def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Array, *,
+                 residual_fn=block_residual_distribution):
+  """Block verification (Sun et al., ICLR 2025, arXiv:2403.10444); vectorized.
+
+  A drop-in replacement for `verify` (same arguments, same return contract). Per row,
+  positions 1-based (p_i = target_probs[b, i-1], q_i = draft_probs[b, i-1]):
+    w_0 = 1,  w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i))                     [G+1]
+    r_i = Σ_x max(0, w_i p_{i+1}(x) - q_{i+1}(x)),  q_{G+1} ≡ 0             [G+1]
+    h_0 = 1,  h_i = r_i / (r_i + 1 - w_i)  (1 where 0/0, so h_G = w_G)      [G+1]
+    τ = max({0} ∪ {i in 1..G : η_i < h_i})   (the paper's scan from i = G down)
+    y ~ norm(max(0, w_τ p_{τ+1} - q_{τ+1})), or p_{τ+1} if that mass underflows;
+        at τ = G this is the bonus token y ~ p_{G+1}.
+  The row emits x_1..x_τ, y. Exact zeros in p or q are fine (no division by zero);
+  one-hot p and q (greedy) give w_i = 1 on the leading run of matches, h = 1 at its end,
+  so τ and y equal `verify`'s argmax matching exactly.
+
+  Keys (as in `verify`): `key` is one PRNG key (split into B row keys) or B keys. Each
+  row key k gives key_accept, key_resample = split(k); η_1..η_G =
+  uniform(key_accept, (G,)) take the place of verify's u, and y = sample(key_resample,
+  correction).
+
+  Args:
+    draft_tokens: int [B,G], the drafted tokens.
+    draft_probs: float [B,G,V], q_i, the distributions the drafts were sampled from.
+    target_probs: float [B,G+1,V], p_i after the same warp as q.
+    key: one PRNG key or B keys.
+    residual_fn: (p[V], q[V], w) -> the correction distribution. Only tests change it
+      (negative controls).
+
+  Returns:
+    tokens: int32 [B,G+1]; row b emits tokens[b, :num_accepted[b]+1]. Entries past that
+      hold the rejected drafts (never emitted).
+    num_accepted: int32 [B], τ (0..G), the number of drafts emitted.
+  """
+  tokens, q, p = _check_verifier_args(draft_tokens, draft_probs, target_probs)
+  keys = _row_keys(key, tokens.shape[0])
+  row = functools.partial(_block_verify_row, residual_fn=residual_fn)
+  return jax.vmap(row)(tokens, q, p, keys)

@@ -7,7 +7,7 @@ same warp). N speculative samples (one per batch row, each row its own key
 stream) are compared by a chi-square test with cells expected below 5 pooled.
 
 False-failure rate: each case fails for a correct sampler with probability
-SIGNIFICANCE = 1e-3 over seeds (nine tests: at most 0.9% for the file); seeds are
+SIGNIFICANCE = 1e-3 over seeds (eleven tests: at most 1.1% for the file); seeds are
 fixed, so the outcome is deterministic. The naive "correct from p" verifier, the
 negative control, must fail the same test.
 """
@@ -23,7 +23,7 @@ import pytest
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
 from specdec_jax.model import forward, init_cache
-from specdec_jax.verify import verify
+from specdec_jax.verify import block_verify, verify
 
 VOCAB, NEW, ROWS = 4, 4, 40_000
 PROMPT = [1, 3, 0]
@@ -80,6 +80,14 @@ def test_sequences_follow_target_distribution(pair, gamma, sampling):
   assert 0.2 < out.alpha() < 0.95  # the draft is neither useless nor the target
   pvalue = chi_square_pvalue(sequence_index(out.tokens), exact)
   assert pvalue > SIGNIFICANCE, pvalue
+
+
+@pytest.mark.parametrize("gamma,sampling", [CASES[0], CASES[4]])
+def test_block_verification_sequences_follow_target_distribution(pair, gamma, sampling):
+  """The same whole-sequence test with `block_verify` (Sun et al. 2025) as the verifier."""
+  exact = exact_sequence_probs(pair[0], pair[1], sampling)
+  out = sample_sequences(pair, gamma, sampling, verifier=block_verify, seed=4)
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
 
 def test_vocabulary_subset_draft_follows_target_distribution(pair):

@@ -57,6 +57,17 @@ def test_greedy_speculative_equals_greedy_autoregressive(greedy_pair, gamma):
   assert 0 < sp.acceptance_rate() < 1
 
 
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_greedy_block_verification_equals_token_verification(greedy_pair, gamma):
+  """Greedy: both verifiers reduce to argmax matching (same tokens, same acceptances)."""
+  token = generate(greedy_pair, gamma=gamma, sampling=GREEDY)
+  block = generate(greedy_pair, gamma=gamma, sampling=GREEDY, verifier="block")
+  np.testing.assert_array_equal(block.tokens, token.tokens)
+  np.testing.assert_array_equal(block.accepted, token.accepted)
+  with pytest.raises(ValueError, match="unknown verifier 'blocks'"):
+    generate(greedy_pair, gamma=gamma, sampling=GREEDY, verifier="blocks")
+
+
 def test_greedy_with_vocabulary_subset_draft(greedy_pair):
   """A draft head over half the vocabulary: tokens outside it are always rejected
   drafts' corrections, and the output is still the greedy target's."""

@@ -16,7 +16,8 @@ import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue
 from specdec_jax.sampling import warp
-from specdec_jax.verify import acceptance_probability, residual_distribution, verify
+from specdec_jax.verify import (acceptance_probability, block_verify, residual_distribution,
+                                verify)
 
 P = np.array([0.2, 0.5, 0.3], np.float32)
 Q = np.array([0.6, 0.3, 0.1], np.float32)
@@ -150,12 +151,13 @@ def test_per_row_keys_are_used_independently():
     (dict(target_probs=np.zeros((2, 3, 4))), "target_probs"),
     (dict(key=jax.random.split(jax.random.PRNGKey(0), 3)), "key"),
 ])
-def test_verify_rejects_bad_shapes(bad, match):
+@pytest.mark.parametrize("verifier", [verify, block_verify])
+def test_verifiers_reject_bad_shapes(bad, match, verifier):
   args = dict(draft_tokens=np.zeros((2, 3), np.int32), draft_probs=np.full((2, 3, 4), 0.25),
               target_probs=np.full((2, 4, 4), 0.25), key=jax.random.PRNGKey(0))
   args.update(bad)
   with pytest.raises(ValueError, match=match):
-    verify(**args)
+    verifier(**args)
 
 
 def test_residual_underflow_falls_back_to_p():
