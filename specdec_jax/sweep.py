@@ -129,11 +129,17 @@ def load_prompts(config, tokenizer) -> list[list[int]]:
   if source == "config":
     return loading.encode_prompts(tokenizer, config.prompts, chat=bool(config.chat))
   if source.startswith("heldout:"):
-    return heldout_prompts(tokenizer, source[len("heldout:"):], num=config.num_prompts,
-                           prompt_tokens=config.prompt_tokens,
-                           heldout_fraction=config.heldout_fraction,
-                           split_seed=config.split_seed, seed=config.seed)
-  raise ValueError(f"unknown prompt_source {source!r}: expected 'config' or 'heldout:<corpus>'")
+    corpora = source[len("heldout:"):].split("+")
+    num = int(config.num_prompts)
+    if num % len(corpora):
+      raise ValueError(f"num_prompts={num} does not split evenly over {corpora}")
+    return [p for corpus in corpora
+            for p in heldout_prompts(tokenizer, corpus, num=num // len(corpora),
+                                     prompt_tokens=config.prompt_tokens,
+                                     heldout_fraction=config.heldout_fraction,
+                                     split_seed=config.split_seed, seed=config.seed)]
+  raise ValueError(f"unknown prompt_source {source!r}: expected 'config' or "
+                   "'heldout:<corpus>[+<corpus>...]'")
 
 
 # --------------------------------------------------------------------------- statistics
@@ -165,6 +171,7 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
   tokens = int(lengths.sum())
   uncut = sum(int((r.accepted[r.accepted >= 0] + 1).sum()) for r in results)  # Σ (n + 1)
   per_row = [int(l) / int(s) for r in results for l, s in zip(r.lengths, r.steps_per_row) if s]
+  row_alpha = [float(a) for r in results for a in _row_alphas(r)]
   with np.errstate(invalid="ignore", divide="ignore"):
     return dict(
         rows=int(lengths.size), tokens=tokens,
@@ -172,6 +179,7 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
         idle_fraction=idle / loop_row_steps if loop_row_steps else math.nan,
         acceptance_rate=int(accepted.sum()) / total_reached if total_reached else math.nan,
         alpha=alpha,
+        alpha_ci95=_ci95(row_alpha),
         tokens_per_step=tokens / row_steps if row_steps else math.nan,
         tokens_per_step_uncut=uncut / row_steps if row_steps else math.nan,
         predicted_tokens_per_step=studies.expected_tokens_per_step(alpha, gamma),
@@ -180,6 +188,23 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
         accept_by_position=(accepted / reached).tolist(),
         beta_by_position=(beta / reached).tolist(),
         reached_by_position=reached.tolist())
+
+
+def _row_alphas(result: GenerationResult) -> np.ndarray:
+  """Per row (prompt window): mean β over its reached drafted positions."""
+  reached = result.reached()
+  counts = reached.sum(axis=(1, 2))
+  sums = np.where(reached, result.accept_prob, 0.0).sum(axis=(1, 2))
+  return sums[counts > 0] / counts[counts > 0]
+
+
+def _ci95(values) -> float:
+  """Half-width of the normal 95% interval of the mean of per-window values (windows are
+  the independent units; positions within one window are not)."""
+  values = np.asarray(values, np.float64)
+  if values.size < 2:
+    return math.nan
+  return float(1.96 * values.std(ddof=1) / math.sqrt(values.size))
 
 
 # --------------------------------------------------------------------------- timing
@@ -202,7 +227,7 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]],
 def measure_costs(models: Models, *, batch: int, context: int, max_tokens: int,
                   repeats: int) -> dict:
   """time_target_call_s, v(k) for k = 1..max_tokens, and each draft's c (one token)."""
-  call = _caller(batch=batch, context=context, repeats=repeats)
+  call = _caller(models, batch=batch, context=context, repeats=repeats)
   t1 = call(models.target_params, models.target_config, 1)
   v = {k: (1.0 if k == 1 else call(models.target_params, models.target_config, k) / t1)
        for k in range(1, max_tokens + 1)}
@@ -210,11 +235,12 @@ def measure_costs(models: Models, *, batch: int, context: int, max_tokens: int,
   return dict(time_target_call_s=t1, time_v=v, time_c=c, batch=batch, context=context)
 
 
-def _caller(*, batch: int, context: int, repeats: int):
-  """call(params, config, tokens) -> median seconds of one cached forward."""
+def _caller(models: Models, *, batch: int, context: int, repeats: int):
+  """call(params, config, tokens) -> median seconds of one cached forward (a feature draft
+  reads the target's embedding)."""
   def call(params, config, tokens):
     return studies.call_seconds(params, config, batch=batch, tokens=tokens, context=context,
-                                repeats=repeats)
+                                repeats=repeats, input_embed=models.target_params["embed"])
   return call
 
 
@@ -250,7 +276,9 @@ class _Runner:
     kw = self._common(temperature, max_new_tokens)
     return lambda: [speculative_generate(m.target_params, params, prompts,
                                          target_config=m.target_config, draft_config=cfg,
-                                         gamma=gamma, row_ids=ids, **kw)
+                                         gamma=gamma, row_ids=ids,
+                                         verifier=str(self.config.get("verifier", "token")),
+                                         **kw)
                     for ids, prompts in groups]
 
   def autoregressive(self, groups, *, temperature: float,
@@ -268,10 +296,17 @@ class _Runner:
 
 
 def _timed(sd_fn, ar_fn, ar_results, repeats: int) -> tuple[list[GenerationResult], dict]:
-  """The first (compiling) speculative call's results, then interleaved medians."""
+  """The first (compiling) speculative call's results, then interleaved medians.
+
+  repeats = 0 measures acceptance only: every time_ field is NaN.
+  """
   t0 = time.perf_counter()
   results = sd_fn()
   first = time.perf_counter() - t0
+  if repeats == 0:
+    return results, {k: math.nan for k in ("time_ar_s", "time_sd_s", "time_ar_tokens_per_s",
+                                          "time_sd_tokens_per_s", "time_speedup",
+                                          "time_compile_s")}
   med = interleaved_seconds({"ar": ar_fn, "sd": sd_fn}, repeats)
   ar_tokens = sum(int(r.lengths.sum()) for r in ar_results)
   sd_tokens = sum(int(r.lengths.sum()) for r in results)
@@ -344,7 +379,8 @@ def run_batch_study(models: Models, config, prompts, runner: _Runner, bar=None) 
     ids = np.arange(int(batch))
     groups = [(ids, [prompts[i % len(prompts)] for i in ids])]
     stats, timing = _measure_cell(runner, name, groups, gamma, temperature, config)
-    call = _caller(batch=int(batch), context=context, repeats=int(config.cost_repeats))
+    call = _caller(models, batch=int(batch), context=context,
+                   repeats=int(config.cost_repeats))
     t1 = call(models.target_params, models.target_config, 1)
     c = call(draft_params, draft_cfg, 1) / t1
     v = call(models.target_params, models.target_config, gamma + 1) / t1
@@ -389,7 +425,8 @@ def _cell_config(config, env: dict) -> dict:
   return dict(target=config.target, tokenizer=config.tokenizer, top_k=int(config.top_k),
               top_p=float(config.top_p), max_new_tokens=int(config.max_new_tokens),
               prompt_source=config.prompt_source, stop_at_eos=bool(config.stop_at_eos),
-              dtype=config.dtype, seed=int(config.seed), **env)
+              dtype=config.dtype, seed=int(config.seed),
+              verifier=str(config.get("verifier", "token")), **env)
 
 
 def _context(prompts, max_new_tokens: int) -> int:
@@ -559,10 +596,11 @@ def run_sweep(config, workdir, *, progress: bool = True) -> dict:
 
 def summary_table(grid: list[dict]) -> str:
   """One line per cell: draft, γ, T, α, acceptance, tokens/step and speedup (meas / pred)."""
-  lines = ["draft    T    γ  alpha  accept  tok/step emitted uncut pred  speedup meas/pred"]
+  lines = ["draft    T    γ  alpha ± 95%     accept  tok/step emitted uncut pred  "
+           "speedup meas/pred"]
   for r in grid:
     lines.append(f"{r['draft_name']:<8} {r['temperature']:<4g} {r['gamma']:<2d} "
-                 f"{r['alpha']:.3f}  {r['acceptance_rate']:.3f}   "
+                 f"{r['alpha']:.3f} ± {r['alpha_ci95']:.3f}  {r['acceptance_rate']:.3f}   "
                  f"{r['tokens_per_step']:.2f}  {r['tokens_per_step_uncut']:.2f}  "
                  f"{r['predicted_tokens_per_step']:.2f}          "
                  f"{r['time_speedup']:.2f} / {r['time_predicted_speedup']:.2f}")

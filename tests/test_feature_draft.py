@@ -243,23 +243,64 @@ def test_feature_cache_resumes_and_checks_identity(feature_pair, tmp_path):
     _cache(feature_pair, part, windows)
 
 
-def test_feature_draft_distillation_run(tmp_path):
-  """scripts/distill.py's routine with a feature draft on the tiny byte-level target:
-  it caches the target's outputs, trains, evaluates and saves a draft that decodes."""
+FEATURE_RUN = {"draft.embed_dim": 64, "draft.mlp_dim": 128, "draft.num_heads": 4,
+               "draft.num_kv_heads": 2, "draft.feature_layers": (1, 2),
+               "on_policy_fraction": 0.0, "unroll": 2, "feature_cache_windows": 32,
+               "steps": 40, "draft_init": "copy", "eval_every": 40, "checkpoint_every": 10}
+
+
+def _feature_config(**changes):
   from configs import distill_tiny
   c = distill_tiny.get_config()
-  c.draft.update(dict(embed_dim=64, mlp_dim=128, num_heads=4, num_kv_heads=2,
-                      feature_layers=(1, 2)))
-  c.update(dict(on_policy_fraction=0.0, unroll=2, feature_cache_windows=32, steps=40,
-                draft_init="copy", eval_every=40))
-  report = distill.run_distillation(c, tmp_path, log=lambda m: None)
+  for key, value in {**FEATURE_RUN, **changes}.items():
+    node, name = (c.draft, key[6:]) if key.startswith("draft.") else (c, key)
+    setattr(node, name, value)
+  return c
+
+
+@pytest.fixture(scope="module")
+def feature_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("feature_run")
+  return root, distill.run_distillation(_feature_config(), root / "full", log=lambda m: None)
+
+
+def test_feature_draft_distillation_run(feature_run):
+  """scripts/distill.py's routine with a feature draft on the tiny byte-level target:
+  it caches the target's outputs, trains, evaluates and saves a draft that decodes."""
+  _, report = feature_run
   assert report["draft_kind"] == "feature"
   assert report["alpha_after"]["alpha_t1"] > report["alpha_before"]["alpha_t1"] + 0.2
   params, cfg, _ = ckpt_lib.load_params(report["draft_dir"])
-  assert cfg.feature_layers == (1, 2) and cfg.feature_width == 64
+  assert cfg.feature_layers == (1, 2) and cfg.feature_width == 64 and "embed" not in params
   with pytest.raises(ValueError, match="on_policy_fraction=0"):
-    c.on_policy_fraction = 0.5
-    distill.setup_distillation(c)
+    distill.setup_distillation(_feature_config(on_policy_fraction=0.5))
+
+
+def test_feature_kill_and_resume_is_bit_exact(feature_run):
+  """SIGKILLed right after step 20 (cache built, checkpoint at 20), then resumed: the
+  final params equal the uninterrupted run's bit for bit."""
+  import os
+  import pathlib
+  import signal
+  import subprocess
+  import sys
+  root, report = feature_run
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  workdir = root / "killed"
+  overrides = [f"--config.{k}={v}" for k, v in {**FEATURE_RUN, "stop_after": 20}.items()]
+  proc = subprocess.run([sys.executable, str(repo / "scripts" / "distill.py"),
+                         f"--config={repo / 'configs' / 'distill_tiny.py'}",
+                         f"--workdir={workdir}", *overrides], cwd=repo, capture_output=True,
+                        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(repo)})
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+  resumed = distill.run_distillation(_feature_config(), workdir, log=lambda m: None)
+  assert resumed["resumed_from"] == [20] and resumed["steps"] == 40
+  full, _, _ = ckpt_lib.load_params(report["draft_dir"])
+  again, _, _ = ckpt_lib.load_params(resumed["draft_dir"])
+  jax.tree.map(np.testing.assert_array_equal, again, full)
+  with pytest.raises(ValueError, match=r"feature_layers: checkpoint \[1, 2\] vs run \[2, 2\]"):
+    distill.run_distillation(_feature_config(**{"draft.feature_layers": (2, 2)}), workdir,
+                             log=lambda m: None)
 
 
 def test_svd_init_is_refused_for_feature_drafts(feature_pair):

@@ -358,7 +358,6 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
                                      extra={"heldout": heldout})
     reports[name] = {"heldout": heldout, "model_dir": str(model_dir),
                      "training_time_s": extra.get("train_time_s"), "steps": int(state.step),
-      "draft_kind": draft_config.kind, "feature_cache_s": cache_seconds,
                      "params": param_count(state.params), "config": model_config.to_dict(),
                      "resumed_from": extra.get("resumed_from", [])}
   report = {"models": reports, "tokenizer": tokenizer.identity, "seed": config.seed,
