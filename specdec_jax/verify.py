@@ -73,8 +73,12 @@ def _verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn):
   # q_{G+1} is zero, so the residual at n == G is p_{G+1} itself: the bonus token.
   q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
   residual = residual_fn(target_probs[num_accepted], q_padded[num_accepted])
-  next_token = sample(key_resample, residual)
+  return _with_correction(draft_tokens, num_accepted, residual, key_resample)
 
+
+def _with_correction(draft_tokens, num_accepted, correction, key):
+  """One row's output: drafts [G] with y ~ correction [V] (key) at index n -> (tokens[G+1], n)."""
+  next_token = sample(key, correction)
   tokens = jnp.concatenate([draft_tokens, next_token[None]])
   tokens = tokens.at[num_accepted].set(next_token)
   return tokens, num_accepted.astype(jnp.int32)
@@ -191,10 +195,7 @@ def _block_verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn)
   num_accepted = jnp.max(jnp.where(eta < stop[1:], positions, 0))  # the backward scan's τ
   correction = residual_fn(target_probs[num_accepted], q_padded[num_accepted],
                            weights[num_accepted])
-  next_token = sample(key_resample, correction)
-  tokens = jnp.concatenate([draft_tokens, next_token[None]])
-  tokens = tokens.at[num_accepted].set(next_token)
-  return tokens, num_accepted.astype(jnp.int32)
+  return _with_correction(draft_tokens, num_accepted, correction, key_resample)
 
 
 def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Array, *,
