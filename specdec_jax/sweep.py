@@ -571,8 +571,8 @@ def run_sweep(config, workdir, *, progress: bool = True) -> dict:
   from tqdm import tqdm
 
   t_start = time.perf_counter()
-  if int(config.repeats) < 1:
-    raise ValueError(f"repeats must be >= 1, got {config.repeats}")
+  if int(config.repeats) < 0:
+    raise ValueError(f"repeats must be >= 0 (0 = acceptance only), got {config.repeats}")
   models = load_models(config)
   prompts = load_prompts(config, models.tokenizer)
   grid_batch = int(config.grid_batch) or len(prompts)
