@@ -276,6 +276,7 @@ def test_feature_draft_distillation_run(feature_run):
     distill.setup_distillation(_feature_config(on_policy_fraction=0.5))
 
 
+@pytest.mark.slow  # a subprocess run; make test keeps the one-point test of test_distill.py
 def test_feature_kill_and_resume_is_bit_exact(feature_run):
   """SIGKILLed right after step 20 (cache built, checkpoint at 20), then resumed: the
   final params equal the uninterrupted run's bit for bit."""
