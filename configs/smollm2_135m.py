@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
-  c.gamma = 2  # best measured for the distilled draft (README: acceptance versus γ)
+  c.gamma = 2  # best measured for the feature draft at T=0 on this machine (README)
   c.verifier = "token"  # 'token' (Leviathan et al.) | 'block' (Sun et al. 2025)
   c.temperature = 0.0
   c.top_k = 0
