@@ -131,11 +131,6 @@ class ModelConfig:
     return "feature" if self.feature_layers else "model"
 
   @property
-  def input_width(self) -> int:
-    """Width of the embedding the model reads: the target's E for a feature draft, else D."""
-    return self.feature_width if self.feature_layers else self.embed_dim
-
-  @property
   def head_size(self) -> int:
     """Columns of the head: C = len(head_tokens) for a subset head, else V."""
     return len(self.head_tokens) or self.vocab_size
@@ -176,6 +171,12 @@ def rope(x: Array, positions: Array, theta: float) -> Array:
   return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
 
 
+def rms_normalize(x: Array, eps: float) -> Array:
+  """x / RMS(x) over the last axis, computed in float32 (no gain)."""
+  x32 = x.astype(jnp.float32)
+  return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
 class RMSNorm(nn.Module):
   eps: float
   dtype: Any
@@ -183,9 +184,7 @@ class RMSNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (normed * scale.astype(jnp.float32)).astype(self.dtype)
+    return (rms_normalize(x, self.eps) * scale.astype(jnp.float32)).astype(self.dtype)
 
 
 class Block(nn.Module):
@@ -328,8 +327,7 @@ class Transformer(nn.Module):
         raise ValueError(f"target_features have width {target_features.shape[-1]}, the draft "
                          f"fuses {k} layers of width {e} = {k * e}")
       f = target_features.reshape(target_features.shape[:-1] + (k, e))
-      f32 = f.astype(jnp.float32)  # each layer RMS-normalised on its own; `fuse` scales
-      f = (f32 * jax.lax.rsqrt(jnp.mean(f32 * f32, -1, keepdims=True) + cfg.norm_eps)).astype(dt)
+      f = rms_normalize(f, cfg.norm_eps).astype(dt)  # each layer on its own; `fuse` scales
       fuse = self.param("fuse", init, (k * e, d), dt)
       context = jnp.dot(f.reshape(target_features.shape), fuse)
     y = jnp.concatenate([RMSNorm(cfg.norm_eps, dt, name="embed_norm")(embedded),
