@@ -2,14 +2,18 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
 
   python scripts/benchmark.py --config=configs/tiny.py [--gammas=1,2,4] [--out=FILE.json]
   python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=truncate:2
+  python scripts/benchmark.py --config=configs/smollm2_135m.py --verifiers=token,block
+  python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py   # n-gram draft
 
 Same model, prompts, settings and seed for both samplers; compile time excluded
 (a warm-up call each); the timed calls alternate and the median of
---config.repeats is reported. Also prints the measured acceptance, α, the step's
+--config.repeats is reported. With --verifiers, each γ is run once per verifier
+(each against its own interleaved autoregressive timing). Also prints the measured acceptance, α, the step's
 compile time, the cost coefficient c, the verify-cost curve v(k) and the
 Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
 """
 
+import itertools
 import json
 import platform
 import time
@@ -26,16 +30,18 @@ from specdec_jax.loading import load_pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run (default: config.gamma)")
+_VERIFIERS = flags.DEFINE_list("verifiers", None,
+                               "verifiers to compare, e.g. token,block (default: config.verifier)")
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 
 
-def step_compile_seconds(pair, config, gamma: int) -> float:
+def step_compile_seconds(pair, config, gamma: int, verifier: str) -> float:
   """Seconds to lower and compile the jitted `speculative_step` alone."""
   args = spec.prepare_generate(
       pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
       gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
       seed=config.seed, row_ids=None, eos_id=None, pad_id=0, vocab_size=pair.vocab_size,
-      verifier=pair.verifier)
+      verifier=verifier)
   state = spec.init_state_jit(pair.target_params, pair.draft_params, args.tokens,
                               args.prompt_len, args.row_keys, target_config=pair.target_config,
                               draft_config=pair.draft_config, gamma=gamma,
@@ -54,6 +60,9 @@ def main(argv):
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
   gammas = [int(g) for g in (_GAMMAS.value or [config.gamma])]
+  verifiers = list(_VERIFIERS.value or [pair.verifier])
+  for name in verifiers:
+    spec.resolve_verifier(name)  # a clear error for an unknown name, before any work
   batch = len(pair.prompts)
   context = int(np.mean([len(p) for p in pair.prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
@@ -65,26 +74,27 @@ def main(argv):
   print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
         f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
         f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}  "
-        f"verifier {pair.verifier}")
+        f"verifiers {','.join(verifiers)}")
   print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
         + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
   rows = []
-  header = ("gamma", "AR tok/s", "SD tok/s", "speedup", "accept", "alpha", "tok/step",
+  header = ("gamma", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "alpha", "tok/step",
             "pred tok/step", "pred speedup", "step compile s")
   print(" | ".join(header))
-  for gamma in gammas:
-    compile_s = step_compile_seconds(pair, config, gamma)
+  for gamma, verifier in itertools.product(gammas, verifiers):
+    compile_s = step_compile_seconds(pair, config, gamma, verifier)
     res = studies.side_by_side(
         pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
         pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
         sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
-        vocab_size=pair.vocab_size, verifier=pair.verifier)
+        vocab_size=pair.vocab_size, verifier=verifier)
     pred = studies.predicted_speedup(res.alpha, gamma, c, v[gamma + 1])
-    row = {**res.to_dict(), "c": c, "v": v[gamma + 1], "predicted_speedup": pred,
+    row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1],
+           "predicted_speedup": pred,
            "leviathan_speedup": studies.predicted_speedup(res.alpha, gamma, c, 1.0),
            "step_compile_s": compile_s}
     rows.append(row)
-    print(f"{gamma} | {res.ar_tokens_per_s:.1f} | {res.sd_tokens_per_s:.1f} | "
+    print(f"{gamma} | {verifier} | {res.ar_tokens_per_s:.1f} | {res.sd_tokens_per_s:.1f} | "
           f"{res.speedup:.2f}x | {res.acceptance_rate:.3f} | {res.alpha:.3f} | "
           f"{res.tokens_per_step:.2f} | {res.predicted_tokens_per_step:.2f} | {pred:.2f}x | "
           f"{compile_s:.2f}")

@@ -3,7 +3,8 @@
   tokenizer  'smollm2' | '<path>.gguf' | 'bytes'
   target     'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
   draft      'none' | 'saved:<dir>' | 'truncate:<k>' (the target's first k layers and
-             head) | 'random' (dims from config.draft_model)
+             head) | 'random' (dims from config.draft_model) | 'ngram:<n>' (prompt
+             lookup of up to n trailing tokens, no params; `ngram.NgramDraft`)
 
 Every model on a tokenizer's vocabulary is checked against it; a saved draft
 carries the tokenizer identity it was trained with, and a mismatch is an error.
@@ -12,11 +13,16 @@ carries the tokenizer identity it was trained with, and a mismatch is an error.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
 from specdec_jax.model import ModelConfig, init_params
+
+if TYPE_CHECKING:
+  from specdec_jax.ngram import NgramDraft
+  from specdec_jax.sampling import SamplingConfig
 
 
 class ByteTokenizer:
@@ -81,8 +87,9 @@ def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
 
 
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
-               seed: int = 0) -> tuple[ModelConfig | None, dict | None]:
-  """(config, params) of the draft, or (None, None) for 'none'."""
+               seed: int = 0):
+  """(config, params) of the draft, (NgramDraft, None) for 'ngram:<n>', (None, None) for
+  'none'."""
   if name in ("none", "", None):
     return None, None
   if name.startswith("saved:"):
@@ -97,14 +104,17 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     params = dict(target_params)
     params["layers"] = jax.tree_util.tree_map(lambda x: x[:k], target_params["layers"])
     return cfg, params
+  if name.startswith("ngram:"):
+    from specdec_jax.ngram import NgramDraft
+    return NgramDraft.from_name(name), None
   if name == "random":
     if dims is None:
       raise ValueError("draft 'random' needs config.draft_model dims")
     cfg = model_config(dims, target_config.vocab_size, rope_theta=target_config.rope_theta,
                        norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed))
-  raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>' "
-                   "or 'random'")
+  raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>', "
+                   "'random' or 'ngram:<n>'")
 
 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
@@ -131,7 +141,7 @@ class Pair:
   tokenizer: object
   target_config: ModelConfig
   target_params: dict
-  draft_config: ModelConfig | None
+  draft_config: "ModelConfig | NgramDraft | None"
   draft_params: dict | None
   prompts: list[list[int]]
   sampling: "SamplingConfig"
@@ -141,7 +151,7 @@ class Pair:
   def vocab_size(self) -> int:
     """The tokenizer's vocabulary: padded model rows past it are cut (exact zeros)."""
     sizes = [self.target_config.vocab_size, self.tokenizer.vocab_size]
-    if self.draft_config is not None:
+    if self.draft_config is not None and self.draft_config.kind != "ngram":
       sizes.append(self.draft_config.vocab_size)
     return min(sizes)
 

@@ -33,6 +33,9 @@ The target call of step 3 also returns its features at ℓ..ℓ+G; they become `
 and ℓ_d = ℓ+1, so the next step's re-read covers the n+1 ≤ G+1 positions accepted.
 Steps 3-5, `verify` and the key schedule are the same for both kinds.
 
+A prompt-lookup draft (`ngram.NgramDraft`, kind 'ngram', no params, no cache) replaces
+steps 1-2 by `ngram.propose` on the row's own tokens, with q one-hot at each proposal.
+
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
   step_key[b, s]  = fold_in(row_key[b], s)             s = loop step, 0-based
@@ -53,12 +56,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import ngram, sharding
 from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.sampling import SamplingConfig, sample, warp
 from specdec_jax.verify import acceptance_probability, block_verify, verify
 
 Array = jax.Array
 Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
+DraftConfig = ModelConfig | ngram.NgramDraft  # ModelConfig.kind 'model' | 'feature'; 'ngram'
 # The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
 
@@ -171,10 +176,11 @@ def prepare_prompts(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
   return out, np.asarray(lengths, np.int32)
 
 
-def resolve_vocab(target: ModelConfig, draft: ModelConfig | None,
+def resolve_vocab(target: ModelConfig, draft: DraftConfig | None,
                   vocab_size: int | None) -> int:
   """The vocabulary p and q live on. Padded rows past it are cut (exact zeros)."""
-  sizes = [target.vocab_size] + ([draft.vocab_size] if draft is not None else [])
+  has_vocab = draft is not None and draft.kind != "ngram"
+  sizes = [target.vocab_size] + ([draft.vocab_size] if has_vocab else [])
   if vocab_size is None:
     if len(set(sizes)) != 1:
       raise ValueError(
@@ -289,7 +295,7 @@ def _draft_feature(target_params, draft_params, state: DecodeState, draft_keys: 
 
 
 def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
-                        target_config: ModelConfig, draft_config: ModelConfig, gamma: int,
+                        target_config: ModelConfig, draft_config: DraftConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                         max_new_tokens: int, verifier: Verifier = verify) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted."""
@@ -302,15 +308,21 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
   verify_keys = split[:, 1]
 
-  draft_fn = _draft_feature if feature else _draft_model
-  xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys,
-                                 draft_config=draft_config, gamma=gamma, warp_fn=warp_fn,
-                                 greedy=sampling.temperature == 0)
+  if draft_config.kind == "ngram":
+    xs = ngram.propose(state.tokens, state.num_tokens, max_n=draft_config.max_n, gamma=gamma)
+    qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
+    draft_cache = None
+  else:
+    draft_fn = _draft_feature if feature else _draft_model
+    xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys,
+                                   draft_config=draft_config, gamma=gamma, warp_fn=warp_fn,
+                                   greedy=sampling.temperature == 0)
 
   target_in = jnp.concatenate([pending[:, None], xs], axis=1)  # [B,G+1]
   positions = length[:, None] + jnp.arange(gamma + 1)[None, :]
   out = forward(target_params, target_in, positions, _with_length(state.target_cache, length),
-                config=target_config, hidden_layers=draft_config.feature_layers)
+                config=target_config,
+                hidden_layers=draft_config.feature_layers if feature else ())
   logits, target_cache = out[:2]
   ps = warp_fn(logits)  # [B,G+1,V]
 
@@ -325,7 +337,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   if feature:  # the re-read of the next step starts right after the pending token t
     state = state.replace(features=out[2].astype(state.features.dtype))
     draft_cache = _with_length(draft_cache, length + 1)
-  else:
+  elif draft_cache is not None:
     draft_cache = _with_length(draft_cache, new_length)
   return state.replace(target_cache=_with_length(target_cache, new_length),
                        draft_cache=draft_cache, step=state.step + 1)
@@ -368,9 +380,12 @@ autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
 # --------------------------------------------------------------------------- loops
 
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
-               *, target_config: ModelConfig, draft_config: ModelConfig | None, gamma: int,
-               max_new_tokens: int) -> DecodeState:
+               *, target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
+               max_new_tokens: int, mesh=None) -> DecodeState:
   """Prefills both caches with the prompts (cache-only calls) and builds the state.
+
+  mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches are pinned to
+  `sharding.cache_sharding` (batch over 'data', kv heads over 'model').
 
   A feature draft reads the target's prefill features shifted by one position
   (position 0 gets zeros) and starts with ℓ_d = ℓ (see the module docstring).
@@ -381,7 +396,11 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   feature = draft_config is not None and draft_config.kind == "feature"
   layers = draft_config.feature_layers if feature else ()
 
-  out = forward(target_params, tokens, positions, init_cache(target_config, batch, slots),
+  def empty_cache(config):
+    cache = init_cache(config, batch, slots)
+    return cache if mesh is None else sharding.constrain_cache(cache, mesh)
+
+  out = forward(target_params, tokens, positions, empty_cache(target_config),
                 config=target_config, return_logits=False, hidden_layers=layers)
   target_cache = _with_length(out[1], prompt_len - 1)
   draft_cache = features = None
@@ -389,15 +408,15 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
     f = out[2]  # [B,W,F]: the target's features at positions 0..W-1
     shifted = jnp.pad(f, ((0, 0), (1, gamma), (0, 0)))  # shifted[:, j] = f[:, j-1]
     _, draft_cache = forward(draft_params, tokens, positions,
-                             init_cache(draft_config, batch, slots), config=draft_config,
+                             empty_cache(draft_config), config=draft_config,
                              return_logits=False, input_embed=target_params["embed"],
                              target_features=shifted[:, :width])
     draft_cache = _with_length(draft_cache, prompt_len - 1)
     features = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, gamma + 1))(
         shifted, prompt_len - 1)
-  elif draft_config is not None:
+  elif draft_config is not None and draft_config.kind == "model":
     _, draft_cache = forward(draft_params, tokens, positions,
-                             init_cache(draft_config, batch, slots), config=draft_config,
+                             empty_cache(draft_config), config=draft_config,
                              return_logits=False)
     draft_cache = _with_length(draft_cache, prompt_len - 1)
 
@@ -418,7 +437,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
 
 
 init_state_jit = jax.jit(init_state, static_argnames=(
-    "target_config", "draft_config", "gamma", "max_new_tokens"))
+    "target_config", "draft_config", "gamma", "max_new_tokens", "mesh"))
 
 
 def _any_live(state: DecodeState, axis_name: str | None) -> Array:
@@ -429,15 +448,19 @@ def _any_live(state: DecodeState, axis_name: str | None) -> Array:
 
 
 def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
-                target_config: ModelConfig, draft_config: ModelConfig | None, gamma: int,
+                target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
                 sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                 max_new_tokens: int, verifier: Verifier = verify,
-                axis_name: str | None = None) -> DecodeState:
-  """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive."""
+                axis_name: str | None = None, mesh=None) -> DecodeState:
+  """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive.
+
+  axis_name: the pmap axis (`parallel.pmap_generate`); mesh: the device mesh of sharded
+  inputs (`parallel.mesh_generate`). Neither changes a token.
+  """
   state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
                      target_config=target_config, draft_config=draft_config,
                      gamma=gamma if draft_config is not None else 0,
-                     max_new_tokens=max_new_tokens)
+                     max_new_tokens=max_new_tokens, mesh=mesh)
   common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab_size,
                 eos_id=eos_id, max_new_tokens=max_new_tokens)
   if draft_config is None:
@@ -453,7 +476,7 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
 
 
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
-                 "max_new_tokens", "verifier", "axis_name")
+                 "max_new_tokens", "verifier", "axis_name", "mesh")
 decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
 
 
@@ -490,7 +513,7 @@ class GenerateArgs:
   pad_id: int
 
 
-def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: ModelConfig | None,
+def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: DraftConfig | None,
                      gamma: int, max_new_tokens: int, sampling: SamplingConfig | None,
                      seed, row_ids, eos_id: int | None, pad_id: int, vocab_size: int | None,
                      verifier: Verifier | None) -> GenerateArgs:
@@ -512,7 +535,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Model
   g = gamma if draft_config is not None else 0
   need = tokens.shape[1] + max_new_tokens + g
   for name, cfg in (("target", target_config), ("draft", draft_config)):
-    if cfg is not None and need > cfg.max_seq_len:
+    if cfg is not None and cfg.kind != "ngram" and need > cfg.max_seq_len:
       raise ValueError(
           f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + gamma ({g}) "
           f"= {need} exceeds the {name} cache (max_seq_len={cfg.max_seq_len})")
@@ -526,7 +549,9 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Model
   return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id)
 
 
-def _check_params(params, config: ModelConfig, name: str) -> None:
+def _check_params(params, config: DraftConfig, name: str) -> None:
+  if config.kind == "ngram":  # no params: anything passed is ignored
+    return
   if not isinstance(params, dict):
     raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
   if config.kind == "feature":
@@ -544,7 +569,7 @@ def _check_params(params, config: ModelConfig, name: str) -> None:
                      f"{(config.vocab_size, config.embed_dim)}")
 
 
-def check_feature_draft(draft_config: ModelConfig, target_config: ModelConfig) -> None:
+def check_feature_draft(draft_config: DraftConfig, target_config: ModelConfig) -> None:
   """Raises ValueError if a feature draft cannot read this target's hidden states."""
   if draft_config.kind != "feature":
     return
@@ -557,7 +582,7 @@ def check_feature_draft(draft_config: ModelConfig, target_config: ModelConfig) -
 
 
 def speculative_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
-                         draft_config: ModelConfig, gamma: int, max_new_tokens: int,
+                         draft_config: DraftConfig, gamma: int, max_new_tokens: int,
                          sampling: SamplingConfig | None = None, seed=0, row_ids=None,
                          eos_id: int | None = None, pad_id: int = 0,
                          vocab_size: int | None = None,
@@ -567,6 +592,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
   seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
   verifier: 'token' (default, `verify`), 'block' (`block_verify`) or a function.
+  draft_config: a ModelConfig (independent or feature draft) or an `ngram.NgramDraft`
+  (draft_params None).
   """
   _check_params(target_params, target_config, "target")
   _check_params(draft_params, draft_config, "draft")

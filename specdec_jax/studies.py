@@ -61,14 +61,34 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, float
   return first, float(np.median(times))
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], object]],
+                        repeats: int) -> tuple[dict[str, float], dict[str, object]]:
+  """(median wall seconds of each fn over `repeats` rounds, each fn's last result).
+
+  The calls alternate within each round, so drifts in machine load hit all fns alike.
+  The fns must return host values (a GenerationResult is: the loop ends in device_get).
+  """
+  times = {name: [] for name in fns}
+  results = {}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      results[name] = fn()
+      times[name].append(time.perf_counter() - t0)
+  return {name: float(np.median(t)) for name, t in times.items()}, results
+
+
 def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
                  repeats: int = 20, return_logits: bool = True,
                  input_embed=None) -> float:
   """Median seconds of one cached forward of `tokens` new tokens after `context` ones.
 
   A feature draft needs input_embed (the target's embedding) and is timed as it drafts:
-  on its own hidden state as context, returning that state too.
+  on its own hidden state as context, returning that state too. An n-gram draft has no
+  forward: 0.0 (its lookup runs inside the step and shows in the measured speedup).
   """
+  if config.kind == "ngram":
+    return 0.0
   slots = context + tokens
   cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
   toks = jnp.zeros((batch, tokens), jnp.int32)
@@ -96,7 +116,7 @@ def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
 
 
 def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
-                     draft_config: ModelConfig, *, batch: int, context: int,
+                     draft_config, *, batch: int, context: int,
                      repeats: int = 20) -> float:
   """c = draft step time / target step time (one token each, same batch and context)."""
   t = call_seconds(target_params, target_config, batch=batch, tokens=1, context=context,
@@ -154,14 +174,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
     t0 = time.perf_counter()
     fn()
     first[name] = time.perf_counter() - t0
-  times = {"ar": [], "sd": []}
-  results = {}
-  for _ in range(repeats):  # interleaved, so drifts in machine load hit both alike
-    for name, fn in (("ar", ar), ("sd", sd)):
-      t0 = time.perf_counter()
-      results[name] = fn()
-      times[name].append(time.perf_counter() - t0)
-  med = {k: float(np.median(v)) for k, v in times.items()}
+  med, results = interleaved_seconds({"ar": ar, "sd": sd}, repeats)
   ar_tps = results["ar"].lengths.sum() / med["ar"]
   sd_tps = results["sd"].lengths.sum() / med["sd"]
   out = results["sd"]

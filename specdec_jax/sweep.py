@@ -69,12 +69,12 @@ class Models:
   tokenizer: object
   target_config: ModelConfig
   target_params: dict
-  drafts: dict[str, tuple[str, ModelConfig, dict]]  # name -> (spec, config, params)
+  drafts: dict[str, tuple[str, object, dict | None]]  # name -> (spec, config, params)
 
   @property
   def vocab_size(self) -> int:
     sizes = [self.target_config.vocab_size, self.tokenizer.vocab_size]
-    sizes += [cfg.vocab_size for _, cfg, _ in self.drafts.values()]
+    sizes += [cfg.vocab_size for _, cfg, _ in self.drafts.values() if cfg.kind != "ngram"]
     return min(sizes)
 
 
@@ -96,9 +96,9 @@ def load_models(config) -> Models:
                                      dims=config.draft_model, seed=config.seed)
     if cfg is None:
       raise ValueError(f"draft {name!r}: a sweep needs a draft, got {spec!r}")
-    if config.unstacked:
+    if config.unstacked and params is not None:
       params = unstack_layers(params)
-    drafts[name] = (spec, cfg, loading.as_jax(params))
+    drafts[name] = (spec, cfg, None if params is None else loading.as_jax(params))
   if config.unstacked:
     target_params = unstack_layers(target_params)
   return Models(tokenizer, target_cfg, loading.as_jax(target_params), drafts)
@@ -209,21 +209,6 @@ def _ci95(values) -> float:
 
 # --------------------------------------------------------------------------- timing
 
-def interleaved_seconds(fns: dict[str, Callable[[], object]],
-                        repeats: int) -> dict[str, float]:
-  """Median wall seconds of each fn over `repeats` rounds, calls alternating per round.
-
-  The fns must return host values (GenerationResult is: the loop ends in device_get).
-  """
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      t0 = time.perf_counter()
-      fn()
-      times[name].append(time.perf_counter() - t0)
-  return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def measure_costs(models: Models, *, batch: int, context: int, max_tokens: int,
                   repeats: int) -> dict:
   """time_target_call_s, v(k) for k = 1..max_tokens, and each draft's c (one token)."""
@@ -307,7 +292,7 @@ def _timed(sd_fn, ar_fn, ar_results, repeats: int) -> tuple[list[GenerationResul
     return results, {k: math.nan for k in ("time_ar_s", "time_sd_s", "time_ar_tokens_per_s",
                                           "time_sd_tokens_per_s", "time_speedup",
                                           "time_compile_s")}
-  med = interleaved_seconds({"ar": ar_fn, "sd": sd_fn}, repeats)
+  med, _ = studies.interleaved_seconds({"ar": ar_fn, "sd": sd_fn}, repeats)
   ar_tokens = sum(int(r.lengths.sum()) for r in ar_results)
   sd_tokens = sum(int(r.lengths.sum()) for r in results)
   ar_tps, sd_tps = ar_tokens / med["ar"], sd_tokens / med["sd"]

@@ -1,0 +1,30 @@
+r"""SmolLM2-135M with the prompt-lookup (n-gram) draft on a repetitive text.
+
+  python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py --gammas=2,4,8
+  python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=ngram:3 \
+      --gammas=2,4,8                                      # free prose: Luke's opening
+
+The prompt is the opening of Psalm 136 (World English Bible, the corpus of
+`specdec_jax.data`), whose refrain "For his loving kindness endures forever" comes
+back every line: the draft proposes what followed the last match of up to 3 trailing
+tokens, at no draft cost and with no training.
+"""
+
+import ml_collections
+
+from configs import smollm2_135m
+
+PSALM_136 = (
+    "Give thanks to Yahweh, for he is good; For his loving kindness endures forever. Give "
+    "thanks to the God of gods; For his loving kindness endures forever. Give thanks to the "
+    "Lord of lords; For his loving kindness endures forever: To him who alone does great "
+    "wonders; For his loving kindness endures forever: To him who by understanding made the "
+    "heavens; For his loving kindness endures forever:")
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = smollm2_135m.get_config()
+  c.draft = "ngram:3"  # prompt lookup of up to 3 trailing tokens (specdec_jax.ngram)
+  c.prompts = (PSALM_136,)
+  c.gamma = 4
+  return c
