@@ -6,15 +6,22 @@ r"""Distills a draft toward a target; resumes from the latest checkpoint in --wo
 Writes workdir/checkpoints/ (orbax, every config.checkpoint_every steps),
 workdir/draft/ (the finished draft, `specdec_jax.io.checkpoint.load_params`) and
 workdir/report.json (held-out alpha before/after, losses, timing, seeds, config).
+
+Sharded over a mesh, on one host or several (each process runs the same command with
+its own id; every process writes its shards of each checkpoint):
+
+  python scripts/distill.py --config=configs/distill_tiny.py --workdir=runs/t \
+      --config.mesh=2,2 --config.distributed=HOST:PORT,2,<process id>
 """
 
 import json
 
 import _bootstrap  # noqa: F401  (puts the repository root on sys.path)
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import distill
+from specdec_jax import distill, sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/distill_*.py file.",
                                           lock_config=True)
@@ -25,7 +32,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  sharding.initialize_distributed(_CONFIG.value.get("distributed", ""))  # before other JAX work
   report = distill.run_distillation(_CONFIG.value, _WORKDIR.value)
+  if jax.process_index() != 0:
+    return
   summary = {k: report[k] for k in ("alpha_before", "alpha_after", "training_time_s", "steps",
                                     "draft_dir")}
   print(json.dumps(summary, indent=1), flush=True)

@@ -5,16 +5,28 @@ r"""Text in, text out: speculative (or, with --config.draft=none, plain) decodin
 
 Prints the continuation, then tokens/s, acceptance rate, tokens per step and
 α = mean Σ min(p,q). With --json, one JSON object (text, tokens, statistics, seed).
+
+On a device mesh (params sharded over 'model', rows over 'data'; `specdec_jax.sharding`),
+on one host or several (`jax.distributed`; every process runs this same command with
+its own process id, and process 0 prints):
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 python scripts/generate.py \
+      --config=configs/tiny.py --config.mesh=2,2 --prompt "abc"
+  python scripts/generate.py --config=configs/tiny.py --config.mesh=2,2 \
+      --config.distributed=HOST:PORT,2,<process id> --prompt "abc"
 """
 
 import json
 import time
 
 import _bootstrap  # noqa: F401
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from specdec_jax import sharding
 from specdec_jax.loading import load_pair
+from specdec_jax.parallel import mesh_generate
 from specdec_jax.speculative import autoregressive_generate, speculative_generate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
@@ -26,11 +38,22 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   config = _CONFIG.value
+  sharding.initialize_distributed(config.get("distributed", ""))  # before any other JAX work
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer
   kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
             eos_id=tok.eos_id, pad_id=tok.eos_id, vocab_size=pair.vocab_size)
-  if pair.draft_config is None:
+  if config.get("mesh", ""):
+    mesh = sharding.make_mesh(config.mesh)
+    target_params = sharding.shard_params(pair.target_params, mesh)
+    draft_params = (None if pair.draft_params is None
+                    else sharding.shard_params(pair.draft_params, mesh))
+
+    def run():
+      return mesh_generate(target_params, draft_params, pair.prompts, mesh=mesh,
+                           target_config=pair.target_config, draft_config=pair.draft_config,
+                           gamma=config.gamma, verifier=pair.verifier, **kw)
+  elif pair.draft_config is None:
     def run():
       return autoregressive_generate(pair.target_params, pair.prompts,
                                      target_config=pair.target_config, **kw)
@@ -50,13 +73,16 @@ def main(argv):
   for b in range(len(pair.prompts)):
     ids = [i for i in out.row(b) if i != tok.eos_id]
     rows.append(dict(text=tok.decode(ids), tokens=out.row(b)))
+  if jax.process_index() != 0:  # every process holds the result; one prints it
+    return
   speculative = pair.draft_config is not None
   result = dict(
       text=rows[0]["text"], tokens=rows[0]["tokens"], rows=rows if len(rows) > 1 else None,
       mode="speculative" if speculative else "autoregressive",
       target=config.target, draft=config.draft if speculative else "none",
       gamma=config.gamma if speculative else 0, temperature=config.temperature,
-      top_k=config.top_k, top_p=config.top_p, seed=config.seed,
+      top_k=config.top_k, top_p=config.top_p, seed=config.seed, mesh=config.get("mesh", ""),
+      processes=jax.process_count(), devices=jax.device_count(),
       generated_tokens=int(out.lengths.sum()), steps=out.num_steps,
       tokens_per_second=float(out.lengths.sum() / seconds),
       first_call_seconds=first,

@@ -1,6 +1,16 @@
-"""Data-parallel decoding over all local devices with `jax.pmap`.
+"""Decoding on many devices: `mesh_generate` (a sharded mesh, one or many processes) and
+`pmap_generate` (data parallel over local devices with `jax.pmap`).
 
 Letters: D devices, B global batch, b = B/D rows per device.
+
+mesh_generate runs the same jitted `decode_loop` on global arrays: params sharded
+Megatron-style over the mesh's 'model' axis and rows over 'data' (`sharding`), with
+XLA inserting the collectives. Every process calls it with the same prompts and
+params (the multi-controller model of `jax.distributed`); each supplies only its own
+shards, and every process gets the whole result back. Row keys depend on the row id
+only, so tokens equal those of one device on any mesh.
+
+pmap_generate:
 
 The batch is split into D shards of b rows; params are replicated. Every device
 runs the same `decode_loop` (prefill + while_loop of steps) on its rows, with the
@@ -18,15 +28,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import sharding
 from specdec_jax.model import ModelConfig
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import (
     DecodeState,
+    DraftConfig,
     GenerationResult,
     Verifier,
     _check_params,
     _finish,
     decode_loop,
+    decode_loop_jit,
     prepare_generate,
 )
 
@@ -55,7 +68,7 @@ def _pmapped(statics_items: tuple, devices: tuple):
 
 
 def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
-                  draft_config: ModelConfig | None, gamma: int = 0, max_new_tokens: int,
+                  draft_config: DraftConfig | None, gamma: int = 0, max_new_tokens: int,
                   sampling: SamplingConfig | None = None, seed=0, eos_id: int | None = None,
                   pad_id: int = 0, vocab_size: int | None = None,
                   verifier: Verifier | None = None, devices=None):
@@ -93,3 +106,42 @@ def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelC
   result: GenerationResult = _finish(merged, max_new_tokens, pad_id)
   stats = {k: int(np.asarray(v)[0]) for k, v in jax.device_get(stats).items()}
   return result, stats
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+  """x [B,...] with copies of its last row appended up to `rows` rows."""
+  return np.concatenate([x, np.repeat(x[-1:], rows - len(x), axis=0)]) if rows > len(x) else x
+
+
+def mesh_generate(target_params, draft_params, prompts, *, mesh, target_config: ModelConfig,
+                  draft_config: DraftConfig | None, gamma: int = 0, max_new_tokens: int,
+                  sampling: SamplingConfig | None = None, seed=0, eos_id: int | None = None,
+                  pad_id: int = 0, vocab_size: int | None = None,
+                  verifier: Verifier | str | None = None,
+                  shard_vocab: bool = False) -> GenerationResult:
+  """Speculative (draft_config None: autoregressive) decoding on a ('data', 'model') mesh.
+
+  mesh: `sharding.make_mesh('data,model')`. Params may be host arrays or already placed
+  with `sharding.shard_params(params, mesh)` (do that once when calling repeatedly).
+  The batch is padded with copies of the last prompt to a multiple of the data axis;
+  padding rows are dropped. Every process must pass the same arguments.
+  """
+  _check_params(target_params, target_config, "target")
+  if draft_config is not None:
+    _check_params(draft_params, draft_config, "draft")
+  args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
+                          gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                          seed=seed, row_ids=None, eos_id=eos_id, pad_id=pad_id,
+                          vocab_size=vocab_size, verifier=verifier)
+  batch = args.tokens.shape[0]
+  data = mesh.shape["data"]
+  padded = -(-batch // data) * data
+  inputs = [_pad_rows(x, padded) for x in (args.tokens, args.prompt_len, args.row_keys)]
+  inputs = [sharding.put(x, sharding.batch_sharding(x.shape, mesh)) for x in inputs]
+  state = decode_loop_jit(sharding.shard_params(target_params, mesh, shard_vocab=shard_vocab),
+                          sharding.shard_params(draft_params, mesh, shard_vocab=shard_vocab),
+                          *inputs, mesh=mesh, **args.statics)
+  state = state.replace(target_cache=None, draft_cache=None, features=None)
+  state = sharding.gather(state)  # numpy, in every process
+  state = jax.tree.map(lambda x: x[:batch] if np.ndim(x) and len(x) == padded else x, state)
+  return _finish(state, max_new_tokens, pad_id)

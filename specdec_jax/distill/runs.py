@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
-from specdec_jax import data, loading
+from specdec_jax import data, loading, sharding
 from specdec_jax.distill.evaluation import evaluate
 from specdec_jax.distill.feature_cache import build_feature_cache, corpus_windows
 from specdec_jax.distill.initialization import init_draft_params, random_params
@@ -179,10 +179,16 @@ class DistillSetup:
   train_tokens: np.ndarray  # int32 [N_train]
   windows: np.ndarray  # int32 [eval_windows, seq_len+1], held-out documents
   keys: dict[str, Array]  # 'draft_init', 'train'
+  mesh: Any = None  # a ('data', 'model') jax.sharding.Mesh from config.mesh, or None
 
 
 def setup_distillation(config) -> DistillSetup:
-  """Tokenizer, target, draft config, step settings, corpus and keys of a config."""
+  """Tokenizer, target, draft config, step settings, corpus and keys of a config.
+
+  config.mesh ('data,model', '' = one device) shards the target, the draft's train state
+  and the batches (`sharding`); every process of a `jax.distributed` run calls this.
+  """
+  mesh = sharding.make_mesh(config.mesh) if config.get("mesh", "") else None
   tokenizer = loading.load_tokenizer(config.tokenizer)
   target_config, target_params = load_target(config, tokenizer)
   train_tokens, held_tokens = load_corpus(config, tokenizer)
@@ -196,14 +202,17 @@ def setup_distillation(config) -> DistillSetup:
   if draft_config.kind == "feature" and config.on_policy_fraction > 0:
     raise ValueError(f"a feature draft trains teacher-forced on cached target outputs; set "
                      f"on_policy_fraction=0, got {config.on_policy_fraction}")
+  if draft_config.kind == "feature" and jax.process_count() > 1:
+    raise ValueError("a feature draft's target-output cache is written by one process: "
+                     f"run with one process (got {jax.process_count()}); a mesh is fine")
   return DistillSetup(
       tokenizer=tokenizer, target_config=target_config,
-      target_params=commit(target_params),
+      target_params=commit(target_params, mesh),
       draft_config=draft_config, settings=settings,
       optim=_optim(config), train_tokens=train_tokens,
       windows=data.heldout_windows(held_tokens, config.eval_windows, config.seq_len,
                                    seed=config.split_seed),
-      keys=_named_keys(config.seed, "draft_init", "train"))
+      keys=_named_keys(config.seed, "draft_init", "train"), mesh=mesh)
 
 
 def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
@@ -213,9 +222,12 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
   workdir/report.json, and returns the report.
   """
   log = log or _log_default
+  if jax.process_index() != 0:  # one process of a multi-process run logs and reports
+    log = lambda msg: None  # noqa: E731
   workdir = pathlib.Path(workdir).absolute()
   workdir.mkdir(parents=True, exist_ok=True)
   setup = setup_distillation(config)
+  mesh = setup.mesh
   tokenizer, draft_config, train_tokens = setup.tokenizer, setup.draft_config, setup.train_tokens
   target_config, target_params = setup.target_config, setup.target_params
   settings, optim, keys = setup.settings, setup.optim, setup.keys
@@ -228,8 +240,9 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       evaluate, target_params=target_params, windows=setup.windows, draft_config=draft_config,
       target_config=target_config, temperatures=tuple(sorted({0.0, 1.0, config.temperature})),
       batch_size=config.eval_batch_size, vocab_size=settings.vocab_size)
-  like = jax.eval_shape(lambda p: init_train_state(p, keys["train"], optim).to_dict(),
-                        param_shapes(draft_config))
+  like = sharding.abstract(
+      jax.eval_shape(lambda p: init_train_state(p, keys["train"], optim).to_dict(),
+                     param_shapes(draft_config)), mesh)
   checkpointer = ckpt_lib.Checkpointer(workdir / "checkpoints", identity=identity,
                                        save_every=config.checkpoint_every, keep=config.keep)
   restored = checkpointer.restore_latest(like)
@@ -237,11 +250,11 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
     params = init_draft_params(draft_config, keys["draft_init"], method=config.draft_init,
                                target_params=target_params, target_config=target_config,
                                tokenizer_identity=tokenizer.identity)
-    state = init_train_state(params, keys["train"], optim)
+    state = init_train_state(params, keys["train"], optim, mesh)
     extra = {"eval_before": evaluate_fn(state.params), "resumed_from": []}
     log(f"before distillation: {_fmt(extra['eval_before'])}")
   else:
-    state, extra = TrainState.from_dict(restored[0]), restored[1]
+    state, extra = TrainState.from_dict(restored[0], mesh), restored[1]
     extra["resumed_from"] = extra.get("resumed_from", []) + [int(state.step)]
     log(f"resumed from step {int(state.step)} in {checkpointer.directory}")
 
@@ -256,13 +269,14 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
         identity={"target": identity["target"], "tokenizer": tokenizer.identity}, log=log)
     cache_seconds = time.perf_counter() - clock
     step_fn = make_feature_train_step(target_params["embed"], draft_config=draft_config,
-                                      settings=settings, optim=optim)
+                                      settings=settings, optim=optim, mesh=mesh)
 
     def batch_fn(step):
       return cache.batch(step, config.batch_size, config.seed)
   else:
     step_fn = make_train_step(target_params, draft_config=draft_config,
-                              target_config=target_config, settings=settings, optim=optim)
+                              target_config=target_config, settings=settings, optim=optim,
+                              mesh=mesh)
 
     def batch_fn(step):
       tokens = data.batch_at(train_tokens, config.batch_size, config.seq_len, config.seed, step)
@@ -276,7 +290,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
                       extra=extra, log=log, desc=f"distill-{config.loss}")
   after = _final_eval(extra, state, evaluate_fn)
   draft_dir = ckpt_lib.save_params(
-      workdir / "draft", state.params, draft_config, tokenizer_identity=tokenizer.identity,
+      workdir / "draft", sharding.gather(state.params), draft_config, tokenizer_identity=tokenizer.identity,
       extra={"target": identity["target"], "loss": config.loss,
              "temperature": config.temperature, "alpha_after": after})
   report = {
@@ -296,7 +310,8 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       "draft_params": param_count(state.params), "draft_dir": str(draft_dir),
       "config": config.to_dict(),
   }
-  _write_json(workdir / "report.json", report)
+  if jax.process_index() == 0:
+    _write_json(workdir / "report.json", report)
   log(f"alpha before {report['alpha_before']} -> after {report['alpha_after']}")
   return report
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from specdec_jax import sharding
 from specdec_jax.distill.divergences import LOSSES, logit_divergences, subset_divergences
 from specdec_jax.model import ModelConfig, forward, init_cache, unrolled_feature_logits
 from specdec_jax.sampling import sample, warp
@@ -223,27 +224,38 @@ class TrainState:
             "rng": self.rng}
 
   @classmethod
-  def from_dict(cls, d: Mapping) -> "TrainState":
+  def from_dict(cls, d: Mapping, mesh=None) -> "TrainState":
     return commit(cls(step=jnp.asarray(d["step"], jnp.int32), params=d["params"],
-                      opt_state=d["opt_state"], rng=jnp.asarray(d["rng"], jnp.uint32)))
+                      opt_state=d["opt_state"], rng=jnp.asarray(d["rng"], jnp.uint32)), mesh)
 
 
-def commit(tree: PyTree) -> PyTree:
-  """`tree` placed on the default device, committed there.
+def commit(tree: PyTree, mesh=None, kind: str = "params") -> PyTree:
+  """`tree` placed on the default device, committed there; or, with a ('data', 'model')
+  mesh, placed on it by `sharding.place(tree, mesh, kind)` (params and states: Megatron
+  specs; 'batch': rows over 'data'; 'replicated').
 
   A jitted step's outputs are committed arrays; inputs that are not (fresh
   `jnp` arrays) lower with unspecified shardings, so without this the second
   step would compile the whole step a second time.
   """
-  return jax.device_put(tree, jax.devices()[0])
+  if mesh is not None:
+    return sharding.place(tree, mesh, kind)
+  device = jax.devices()[0]
+  return jax.tree.map(lambda x: x if _on_many_devices(x) else jax.device_put(x, device), tree)
 
 
-def init_train_state(params, rng: Array, optim: OptimizerSettings) -> TrainState:
+def _on_many_devices(x) -> bool:
+  """x is a global array spread over a mesh (left where it is by `commit`)."""
+  return (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+          and len(x.sharding.device_set) > 1)
+
+
+def init_train_state(params, rng: Array, optim: OptimizerSettings, mesh=None) -> TrainState:
   """A fresh, committed state at step 0. params are copied: the train steps donate it."""
   params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
                      opt_state=make_optimizer(optim).init(params), rng=jnp.asarray(rng))
-  return state if isinstance(params, jax.core.Tracer) else commit(state)
+  return state if isinstance(params, jax.core.Tracer) else commit(state, mesh)
 
 
 def _apply_gradients(state: TrainState, grads, optim: OptimizerSettings):
@@ -296,18 +308,20 @@ train_step = jax.jit(train_step_fn, donate_argnums=(0,), static_argnames=(
 
 
 def make_train_step(target_params, *, draft_config: ModelConfig, target_config: ModelConfig,
-                    settings: DistillSettings, optim: OptimizerSettings
+                    settings: DistillSettings, optim: OptimizerSettings, mesh=None
                     ) -> Callable[[TrainState, Mapping, Array], tuple[TrainState, dict]]:
   """`train_step(state, batch, key) -> (state, metrics)` with the target frozen.
 
   target_params is passed to the jitted step as an argument (not baked in as a
-  constant) and is never differentiated; the state is donated.
+  constant) and is never differentiated; the state is donated. With a mesh, params
+  and state are sharded over 'model' and the batch over 'data' (`commit`); XLA inserts
+  the gradient all-reduce.
   """
-  target_params = commit(target_params)
+  target_params = commit(target_params, mesh)
 
   def step(state, batch, key):  # committed inputs: one compilation (see `commit`)
-    return train_step(commit(state), target_params, commit(batch), commit(key),
-                      draft_config=draft_config,
+    return train_step(commit(state, mesh), target_params, commit(batch, mesh, "batch"),
+                      commit(key, mesh, "replicated"), draft_config=draft_config,
                       target_config=target_config, settings=settings, optim=optim)
   return step
 
@@ -389,13 +403,15 @@ feature_train_step = jax.jit(feature_train_step_fn, donate_argnums=(0,), static_
 
 
 def make_feature_train_step(input_embed: Array, *, draft_config: ModelConfig,
-                            settings: DistillSettings, optim: "OptimizerSettings"
+                            settings: DistillSettings, optim: "OptimizerSettings", mesh=None
                             ) -> Callable[["TrainState", Mapping, Array], tuple]:
-  """`train_step(state, batch, key) -> (state, metrics)` for a feature draft."""
-  input_embed = commit(input_embed)
+  """`train_step(state, batch, key) -> (state, metrics)` for a feature draft (mesh: see
+  `make_train_step`)."""
+  input_embed = commit({"embed": input_embed}, mesh)["embed"]
 
   def step(state, batch, key):
-    return feature_train_step(commit(state), input_embed, commit(batch), commit(key),
+    return feature_train_step(commit(state, mesh), input_embed,
+                              commit(batch, mesh, "batch"), commit(key, mesh, "replicated"),
                               draft_config=draft_config, settings=settings, optim=optim)
   return step
 

@@ -1,0 +1,94 @@
+r"""Decoding on a ('data', 'model') device mesh against one device, side by side.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=2 python scripts/mesh_benchmark.py \
+      --config=configs/smollm2_135m.py --config.mesh=1,2 [--out=FILE.json]
+
+Same model, prompts, settings and seed on both layouts: autoregressive decoding, and
+speculative decoding when the config has a draft, each with the vocabulary (embedding
+and head) replicated and split over 'model'. Compile time is excluded (a warm-up call
+each); the timed calls alternate and the median of --config.repeats is reported, with
+whether the tokens equal one device's. A benchmark, not a test: nothing here asserts
+a speed. On a CPU the forced devices share the same cores, so expect a loss there.
+"""
+
+import json
+import platform
+
+import _bootstrap  # noqa: F401
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from specdec_jax import sharding, studies
+from specdec_jax.loading import load_pair
+from specdec_jax.parallel import mesh_generate
+from specdec_jax.speculative import autoregressive_generate, speculative_generate
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  sharding.initialize_distributed(config.get("distributed", ""))  # before other JAX work
+  if not config.get("mesh", ""):
+    raise ValueError("mesh_benchmark needs --config.mesh=data,model")
+  pair = load_pair(config)
+  mesh = sharding.make_mesh(config.mesh)
+  kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
+            vocab_size=pair.vocab_size)
+  modes = [("autoregressive", None)]
+  if pair.draft_config is not None:
+    modes.append(("speculative", pair.draft_config))
+  rows = []
+  if jax.process_index() == 0:
+    print(f"target {config.target}  draft {config.draft}  mesh {config.mesh}  "
+          f"devices {jax.device_count()}  batch {len(pair.prompts)}  "
+          f"T={pair.sampling.temperature}  gamma {config.gamma}  seed {config.seed}")
+    print("mode | vocab | 1-device tok/s | mesh tok/s | mesh / 1 device | same tokens | split")
+  for mode, draft_config in modes:
+    if draft_config is None:
+      def one():
+        return autoregressive_generate(pair.target_params, pair.prompts,
+                                       target_config=pair.target_config, **kw)
+    else:
+      def one():
+        return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
+                                    target_config=pair.target_config, draft_config=draft_config,
+                                    gamma=config.gamma, verifier=pair.verifier, **kw)
+    for shard_vocab in (False, True):
+      target = sharding.shard_params(pair.target_params, mesh, shard_vocab=shard_vocab)
+      draft = (None if draft_config is None else
+               sharding.shard_params(pair.draft_params, mesh, shard_vocab=shard_vocab))
+
+      def on_mesh():
+        return mesh_generate(target, draft, pair.prompts, mesh=mesh,
+                             target_config=pair.target_config, draft_config=draft_config,
+                             gamma=config.gamma if draft_config is not None else 0,
+                             verifier=pair.verifier, **kw)
+      first = {"one": one(), "mesh": on_mesh()}  # compile both
+      med, _ = studies.interleaved_seconds({"one": one, "mesh": on_mesh}, config.repeats)
+      tokens = int(first["one"].lengths.sum())
+      row = dict(mode=mode, shard_vocab=shard_vocab, mesh=config.mesh,
+                 one_tokens_per_s=tokens / med["one"], mesh_tokens_per_s=tokens / med["mesh"],
+                 ratio=med["one"] / med["mesh"],
+                 same_tokens=bool((first["one"].tokens == first["mesh"].tokens).all()),
+                 split=sharding.describe(pair.target_params, mesh,
+                                         shard_vocab=shard_vocab)["split"])
+      rows.append(row)
+      if jax.process_index() == 0:
+        print(f"{mode} | {'split' if shard_vocab else 'replicated'} | "
+              f"{row['one_tokens_per_s']:.1f} | {row['mesh_tokens_per_s']:.1f} | "
+              f"{row['ratio']:.2f}x | {row['same_tokens']} | {','.join(row['split'])}")
+  if _OUT.value and jax.process_index() == 0:
+    meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
+                machine=platform.machine())
+    with open(_OUT.value, "w") as f:
+      json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)
