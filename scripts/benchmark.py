@@ -14,18 +14,18 @@ Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
 """
 
 import itertools
-import json
 import platform
 import time
 
-import _bootstrap  # noqa: F401
+import _bootstrap  # repository root on sys.path; run(main)
 import jax
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import speculative as spec
 from specdec_jax import studies
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.loading import load_pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
@@ -102,10 +102,9 @@ def main(argv):
     meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
                 machine=platform.machine(), target_call_ms=target_ms, c=c,
                 verify_cost={str(k): x for k, x in v.items()})
-    with open(_OUT.value, "w") as f:
-      json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+    atomic_write_json(_OUT.value, dict(meta=meta, rows=rows), default=str)
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  _bootstrap.run(main)

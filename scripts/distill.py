@@ -16,9 +16,9 @@ its own id; every process writes its shards of each checkpoint):
 
 import json
 
-import _bootstrap  # noqa: F401  (puts the repository root on sys.path)
+import _bootstrap  # repository root on sys.path; run(main)
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import distill, sharding
@@ -42,4 +42,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _bootstrap.run(main)

@@ -12,8 +12,8 @@ DIR/table.md; each run's report stays in DIR/<loss>-<source>/report.json.
 import json
 import pathlib
 
-import _bootstrap  # noqa: F401
-from absl import app, flags, logging
+import _bootstrap  # repository root on sys.path; run(main)
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import distill
@@ -65,4 +65,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _bootstrap.run(main)

@@ -19,9 +19,9 @@ its own process id, and process 0 prints):
 import json
 import time
 
-import _bootstrap  # noqa: F401
+import _bootstrap  # repository root on sys.path; run(main)
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import sharding
@@ -103,4 +103,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  _bootstrap.run(main)

@@ -11,15 +11,15 @@ whether the tokens equal one device's. A benchmark, not a test: nothing here ass
 a speed. On a CPU the forced devices share the same cores, so expect a loss there.
 """
 
-import json
 import platform
 
-import _bootstrap  # noqa: F401
+import _bootstrap  # repository root on sys.path; run(main)
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import sharding, studies
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.loading import load_pair
 from specdec_jax.parallel import mesh_generate
 from specdec_jax.speculative import autoregressive_generate, speculative_generate
@@ -85,10 +85,9 @@ def main(argv):
   if _OUT.value and jax.process_index() == 0:
     meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
                 machine=platform.machine())
-    with open(_OUT.value, "w") as f:
-      json.dump(dict(meta=meta, rows=rows), f, indent=1, default=str)
+    atomic_write_json(_OUT.value, dict(meta=meta, rows=rows), default=str)
 
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  _bootstrap.run(main)

@@ -12,15 +12,15 @@ numpy's BLAS is slowed by OPENBLAS_CORETYPE on these machines (env notes); for a
 fair numpy figure run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
 """
 
-import json
 import time
 
-import _bootstrap  # noqa: F401
+import _bootstrap  # repository root on sys.path; run(main)
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.gguf import load_gguf, smollm2_path
 from specdec_jax.model import forward, init_cache, unstack_layers
 from specdec_jax.sampling import SamplingConfig
@@ -147,9 +147,8 @@ def main(argv):
   for key, value in figures.items():
     print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
   if _OUT.value:
-    with open(_OUT.value, "w") as f:
-      json.dump(figures, f, indent=1)
+    atomic_write_json(_OUT.value, figures)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _bootstrap.run(main)

@@ -12,8 +12,8 @@ results.json and the plots tokens_per_step.png, speedup.png, accept_by_position.
 
 import time
 
-import _bootstrap  # noqa: F401
-from absl import app, flags, logging
+import _bootstrap  # repository root on sys.path; run(main)
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import sweep
@@ -44,4 +44,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config", "workdir"])
-  app.run(main)
+  _bootstrap.run(main)

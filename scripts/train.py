@@ -13,7 +13,7 @@ holds held-out perplexities and timings.
 
 import json
 
-import _bootstrap  # noqa: F401  (puts the repository root on sys.path)
+import _bootstrap  # repository root on sys.path; run(main)
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -39,4 +39,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _bootstrap.run(main)

@@ -27,10 +27,11 @@ import json
 import os
 import pathlib
 import re
-import tempfile
 from typing import Iterator, Protocol, Sequence
 
 import numpy as np
+
+from specdec_jax.io.atomic import atomic_write, atomic_write_json
 
 CORPORA = ("bible", "shakespeare")
 
@@ -274,21 +275,6 @@ class TokenizedCorpus:
     return self.tokens[self.starts[i]:self.starts[i + 1] - 1]
 
 
-def _atomic_write(path: pathlib.Path, write) -> None:
-  """Calls `write(file)` on a temporary file beside `path`, then renames it over `path`."""
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
 def tokenize_cached(
   docs: Sequence[Document],
   tokenizer: Tokenizer,
@@ -326,11 +312,11 @@ def tokenize_cached(
   corpus = TokenizedCorpus.from_documents(docs, tokenizer, eos_id)
   cache_dir.mkdir(parents=True, exist_ok=True)
   meta_path.unlink(missing_ok=True)  # no stale sidecar may vouch for the new array
-  _atomic_write(npy, lambda f: np.save(f, corpus.tokens, allow_pickle=False))
+  atomic_write(npy, lambda f: np.save(f, corpus.tokens, allow_pickle=False))
   meta |= {"num_documents": len(docs), "num_tokens": len(corpus),
            "sha256": hashlib.sha256(corpus.tokens.tobytes()).hexdigest(),
            "starts": corpus.starts.tolist()}
-  _atomic_write(meta_path, lambda f: f.write(json.dumps(meta, indent=1).encode("utf-8")))
+  atomic_write_json(meta_path, meta)
   return corpus
 
 

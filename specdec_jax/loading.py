@@ -13,6 +13,7 @@ carries the tokenizer identity it was trained with, and a mismatch is an error.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import TYPE_CHECKING
 
 import jax
@@ -94,7 +95,11 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     return None, None
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params
-    params, cfg, _ = load_params(name[len("saved:"):], tokenizer_identity=tokenizer.identity)
+    directory = name[len("saved:"):]
+    if not os.path.isdir(directory):
+      raise ValueError(f"draft {name!r}: {directory} does not exist (make it with `make run` "
+                       "or scripts/distill.py)")
+    params, cfg, _ = load_params(directory, tokenizer_identity=tokenizer.identity)
     return cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len)), params
   if name.startswith("truncate:"):
     k = int(name.split(":", 1)[1])
@@ -120,7 +125,12 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
   """Token ids of each prompt text, through the chat template when `chat`."""
   out = []
-  for text in texts:
+  for i, text in enumerate(texts):
+    try:
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes arrive as surrogates (PEP 383)
+      raise ValueError(f"prompt {i} is not valid UTF-8: undecodable byte at character "
+                       f"{e.start} of {text[:40]!r}") from None
     if chat:
       text = tokenizer.apply_chat_template([{"role": "user", "content": text}])
     ids = tokenizer.encode(text)
@@ -132,6 +142,55 @@ def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
 
 def as_jax(params):
   return jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def _vocab_size(tokenizer, target_config: ModelConfig, draft_configs) -> int:
+  """The tokenizer's vocabulary: padded model rows past it are cut (exact zeros)."""
+  sizes = [target_config.vocab_size, tokenizer.vocab_size]
+  sizes += [cfg.vocab_size for cfg in draft_configs if cfg is not None and cfg.kind != "ngram"]
+  return min(sizes)
+
+
+@dataclasses.dataclass
+class Models:
+  """One tokenizer and target and any number of named drafts (params on device)."""
+
+  tokenizer: object
+  target_config: ModelConfig
+  target_params: dict
+  drafts: dict  # name -> (spec, config | None, params | None)
+
+  @property
+  def vocab_size(self) -> int:
+    return _vocab_size(self.tokenizer, self.target_config,
+                       [cfg for _, cfg, _ in self.drafts.values()])
+
+
+def load_models(config, drafts) -> Models:
+  """The one loader of every script: tokenizer, target and the (name, spec) drafts of a run
+  config, each model checked against the tokenizer's vocabulary; per-layer params when
+  config.unstacked."""
+  from specdec_jax.model import unstack_layers
+  names = [name for name, _ in drafts]
+  if len(set(names)) != len(names):
+    raise ValueError(f"drafts need unique names, got {names}")
+  tokenizer = load_tokenizer(config.tokenizer)
+  target_cfg, target_params = load_target(config.target, tokenizer, dims=config.target_model,
+                                          dtype=config.dtype, max_seq_len=config.max_seq_len)
+  if target_cfg.vocab_size < tokenizer.vocab_size:
+    raise ValueError(f"target vocabulary {target_cfg.vocab_size} is smaller than the "
+                     f"tokenizer's {tokenizer.vocab_size}")
+  unstacked = bool(config.get("unstacked", False))
+  loaded = {}
+  for name, spec in drafts:
+    cfg, params = load_draft(spec, tokenizer, target_cfg, target_params,
+                             dims=config.draft_model, seed=config.seed)
+    if params is not None:
+      params = as_jax(unstack_layers(params) if unstacked else params)
+    loaded[name] = (spec, cfg, params)
+  if unstacked:
+    target_params = unstack_layers(target_params)
+  return Models(tokenizer, target_cfg, as_jax(target_params), loaded)
 
 
 @dataclasses.dataclass
@@ -149,40 +208,25 @@ class Pair:
 
   @property
   def vocab_size(self) -> int:
-    """The tokenizer's vocabulary: padded model rows past it are cut (exact zeros)."""
-    sizes = [self.target_config.vocab_size, self.tokenizer.vocab_size]
-    if self.draft_config is not None and self.draft_config.kind != "ngram":
-      sizes.append(self.draft_config.vocab_size)
-    return min(sizes)
+    return _vocab_size(self.tokenizer, self.target_config, [self.draft_config])
 
 
 def load_pair(config, prompts: list[str] | None = None) -> Pair:
-  """Tokenizer, target, draft, encoded prompts and sampling rules of a run config."""
-  from specdec_jax.model import unstack_layers
+  """Tokenizer, target, draft (`load_models`), encoded prompts and sampling rules."""
   from specdec_jax.sampling import SamplingConfig
+  from specdec_jax.speculative import resolve_verifier
 
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))
-  tokenizer = load_tokenizer(config.tokenizer)
-  target_cfg, target_params = load_target(config.target, tokenizer, dims=config.target_model,
-                                          dtype=config.dtype, max_seq_len=config.max_seq_len)
-  if target_cfg.vocab_size < tokenizer.vocab_size:
-    raise ValueError(f"target vocabulary {target_cfg.vocab_size} is smaller than the "
-                     f"tokenizer's {tokenizer.vocab_size}")
-  draft_cfg, draft_params = load_draft(config.draft, tokenizer, target_cfg, target_params,
-                                       dims=config.draft_model, seed=config.seed)
+  verifier = str(config.get("verifier", "token"))
+  resolve_verifier(verifier)  # a clear error for an unknown name, before any work
   texts = list(config.prompts if prompts is None else prompts)
   if not texts:
     raise ValueError("no prompts: pass --prompt TEXT or set config.prompts")
+  models = load_models(config, [("draft", config.draft)])
+  _, draft_cfg, draft_params = models.drafts["draft"]
   batch = int(config.get("batch_size", len(texts)))
   texts = [texts[i % len(texts)] for i in range(batch)]
-  ids = encode_prompts(tokenizer, texts, chat=bool(config.chat))
-  if config.get("unstacked", False):
-    target_params = unstack_layers(target_params)
-    if draft_params is not None:
-      draft_params = unstack_layers(draft_params)
-  from specdec_jax.speculative import resolve_verifier
-  verifier = str(config.get("verifier", "token"))
-  resolve_verifier(verifier)  # a clear error for an unknown name, before any work
-  return Pair(tokenizer, target_cfg, as_jax(target_params), draft_cfg,
-              None if draft_params is None else as_jax(draft_params), ids, sampling, verifier)
+  ids = encode_prompts(models.tokenizer, texts, chat=bool(config.chat))
+  return Pair(models.tokenizer, models.target_config, models.target_params, draft_cfg,
+              draft_params, ids, sampling, verifier)

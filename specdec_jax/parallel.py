@@ -61,6 +61,14 @@ def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, r
   return state.replace(target_cache=None, draft_cache=None), stats
 
 
+def _checked_args(target_params, draft_params, prompts, *, draft_config, **kw):
+  """Both models' params against their configs, then `prepare_generate` (row ids 0..B-1)."""
+  _check_params(target_params, kw["target_config"], "target")
+  if draft_config is not None:
+    _check_params(draft_params, draft_config, "draft")
+  return prepare_generate(prompts, draft_config=draft_config, row_ids=None, **kw)
+
+
 @functools.lru_cache(maxsize=32)
 def _pmapped(statics_items: tuple, devices: tuple):
   fn = functools.partial(_loop_and_stats, statics=dict(statics_items))
@@ -81,13 +89,10 @@ def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelC
   """
   devices = tuple(jax.local_devices() if devices is None else devices)
   num_dev = len(devices)
-  _check_params(target_params, target_config, "target")
-  if draft_config is not None:
-    _check_params(draft_params, draft_config, "draft")
-  args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
-                          gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
-                          seed=seed, row_ids=None, eos_id=eos_id, pad_id=pad_id,
-                          vocab_size=vocab_size, verifier=verifier)
+  args = _checked_args(target_params, draft_params, prompts, target_config=target_config,
+                       draft_config=draft_config, gamma=gamma, max_new_tokens=max_new_tokens,
+                       sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
+                       vocab_size=vocab_size, verifier=verifier)
   batch = args.tokens.shape[0]
   padded = -(-batch // num_dev) * num_dev
   extra = padded - batch
@@ -126,13 +131,10 @@ def mesh_generate(target_params, draft_params, prompts, *, mesh, target_config: 
   The batch is padded with copies of the last prompt to a multiple of the data axis;
   padding rows are dropped. Every process must pass the same arguments.
   """
-  _check_params(target_params, target_config, "target")
-  if draft_config is not None:
-    _check_params(draft_params, draft_config, "draft")
-  args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
-                          gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
-                          seed=seed, row_ids=None, eos_id=eos_id, pad_id=pad_id,
-                          vocab_size=vocab_size, verifier=verifier)
+  args = _checked_args(target_params, draft_params, prompts, target_config=target_config,
+                       draft_config=draft_config, gamma=gamma, max_new_tokens=max_new_tokens,
+                       sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
+                       vocab_size=vocab_size, verifier=verifier)
   batch = args.tokens.shape[0]
   data = mesh.shape["data"]
   padded = -(-batch // data) * data

@@ -24,11 +24,8 @@ after a first call that compiles (its excess is time_compile_s).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import itertools
-import json
 import math
-import os
 import pathlib
 import subprocess
 import time
@@ -39,7 +36,8 @@ import jax
 import numpy as np
 
 from specdec_jax import loading, studies
-from specdec_jax.model import ModelConfig, unstack_layers
+from specdec_jax.loading import Models
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import (GenerationResult, autoregressive_generate,
                                      reached_positions, speculative_generate)
@@ -62,46 +60,16 @@ def environment() -> dict:
               numpy_version=np.__version__, git_commit=commit)
 
 
-@dataclasses.dataclass
-class Models:
-  """One tokenizer and target, several drafts keyed by name (params on device)."""
-
-  tokenizer: object
-  target_config: ModelConfig
-  target_params: dict
-  drafts: dict[str, tuple[str, object, dict | None]]  # name -> (spec, config, params)
-
-  @property
-  def vocab_size(self) -> int:
-    sizes = [self.target_config.vocab_size, self.tokenizer.vocab_size]
-    sizes += [cfg.vocab_size for _, cfg, _ in self.drafts.values() if cfg.kind != "ngram"]
-    return min(sizes)
-
-
 def load_models(config) -> Models:
-  """Tokenizer, target and every draft of config.drafts ((name, spec) pairs)."""
-  names = [name for name, _ in config.drafts]
-  if not names or len(set(names)) != len(names):
-    raise ValueError(f"config.drafts needs unique (name, spec) pairs, got {config.drafts!r}")
-  tokenizer = loading.load_tokenizer(config.tokenizer)
-  target_cfg, target_params = loading.load_target(
-      config.target, tokenizer, dims=config.target_model, dtype=config.dtype,
-      max_seq_len=config.max_seq_len)
-  drafts = {}
-  for name, spec in config.drafts:
-    if spec.startswith("saved:") and not os.path.isdir(spec[len("saved:"):]):
-      raise ValueError(f"draft {name!r}: {spec[len('saved:'):]} does not exist (make it with "
-                       "`make run` / scripts/distill.py, or drop it from config.drafts)")
-    cfg, params = loading.load_draft(spec, tokenizer, target_cfg, target_params,
-                                     dims=config.draft_model, seed=config.seed)
+  """Tokenizer, target and every draft of config.drafts ((name, spec) pairs), by
+  `loading.load_models`; a sweep needs at least one draft and no 'none'."""
+  if not config.drafts:
+    raise ValueError(f"config.drafts needs (name, spec) pairs, got {config.drafts!r}")
+  models = loading.load_models(config, [tuple(d) for d in config.drafts])
+  for name, (spec, cfg, _) in models.drafts.items():
     if cfg is None:
       raise ValueError(f"draft {name!r}: a sweep needs a draft, got {spec!r}")
-    if config.unstacked and params is not None:
-      params = unstack_layers(params)
-    drafts[name] = (spec, cfg, None if params is None else loading.as_jax(params))
-  if config.unstacked:
-    target_params = unstack_layers(target_params)
-  return Models(tokenizer, target_cfg, loading.as_jax(target_params), drafts)
+  return models
 
 
 def heldout_prompts(tokenizer, corpus: str, *, num: int, prompt_tokens: int,
@@ -487,9 +455,7 @@ def write_outputs(workdir, results: dict) -> None:
          for k, rows in results.items() if isinstance(rows, list)}
   doc["meta"] = _json_value(results["meta"], False)
   doc["costs"] = _json_value(results["costs"], True)
-  with open(workdir / "results.json", "w") as f:
-    json.dump(doc, f, indent=1, sort_keys=True)
-    f.write("\n")
+  atomic_write_json(workdir / "results.json", doc, sort_keys=True)
 
 
 def plot(workdir, grid: list[dict]) -> list[str]:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.distill.divergences import training_temperature
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.model import ModelConfig, forward, init_cache
 
 _ARRAYS = ("tokens", "features", "target_logp", "target_argmax")
@@ -89,12 +90,6 @@ class FeatureCache:
     return {name: np.asarray(a[rows]) for name, a in self.arrays.items()}
 
 
-def _write_progress(path: pathlib.Path, obj: dict) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-  os.replace(tmp, path)
-
-
 def _open(path: pathlib.Path, mode: str, shape=None, dtype=None) -> np.ndarray:
   try:
     if mode == "w+":
@@ -146,7 +141,7 @@ def build_feature_cache(directory: str | os.PathLike, windows: np.ndarray, *, ta
     arrays = {k: _open(directory / f"{k}.npy", "r+", *specs[k]) for k in _ARRAYS}
   else:
     arrays = {k: _open(directory / f"{k}.npy", "w+", *specs[k]) for k in _ARRAYS}
-    _write_progress(progress_path, {"identity": identity, "done": 0})
+    atomic_write_json(progress_path, {"identity": identity, "done": 0}, sort_keys=True)
   if done < n:
     from tqdm import tqdm
     if done:
@@ -167,7 +162,8 @@ def build_feature_cache(directory: str | os.PathLike, windows: np.ndarray, *, ta
         arrays["tokens"][start:start + rows] = tokens[:rows]
         for a in arrays.values():
           a.flush()
-        _write_progress(progress_path, {"identity": identity, "done": start + rows})
+        atomic_write_json(progress_path, {"identity": identity, "done": start + rows},
+                          sort_keys=True)
         bar.update(rows)
   arrays = {k: _open(directory / f"{k}.npy", "r", *specs[k]) for k in _ARRAYS}
   return FeatureCache(directory, arrays)

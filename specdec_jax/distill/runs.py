@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 import os
 import pathlib
@@ -27,6 +26,7 @@ from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainS
                                       init_train_state, is_on_policy, lm_train_step,
                                       make_feature_train_step, make_train_step)
 from specdec_jax.io import checkpoint as ckpt_lib
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.model import ModelConfig, param_count, param_shapes
 
 Array = jax.Array
@@ -156,12 +156,6 @@ def _final_eval(extra: dict, state: TrainState, eval_fn) -> dict:
   if evals[-1].get("step") == int(state.step):
     return {k: v for k, v in evals[-1].items() if k != "step"}
   return eval_fn(state.params)
-
-
-def _write_json(path: pathlib.Path, obj) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-  os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- runs
@@ -311,7 +305,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       "config": config.to_dict(),
   }
   if jax.process_index() == 0:
-    _write_json(workdir / "report.json", report)
+    atomic_write_json(workdir / "report.json", report, sort_keys=True, default=str)
   log(f"alpha before {report['alpha_before']} -> after {report['alpha_after']}")
   return report
 
@@ -377,5 +371,5 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
                      "resumed_from": extra.get("resumed_from", [])}
   report = {"models": reports, "tokenizer": tokenizer.identity, "seed": config.seed,
             "config": config.to_dict()}
-  _write_json(workdir / "pretrain_report.json", report)
+  atomic_write_json(workdir / "pretrain_report.json", report, sort_keys=True, default=str)
   return report

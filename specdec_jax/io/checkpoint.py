@@ -22,13 +22,13 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.model import ModelConfig, init_params
 
 PyTree = Any
@@ -193,10 +193,7 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
     ckptr.wait_until_finished()
   meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
           "params_sha256": params_checksum(params), "extra": dict(extra or {})}
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".json")
-  with os.fdopen(fd, "w") as f:
-    json.dump(meta, f, indent=1)
-  os.replace(tmp, directory / _MODEL_JSON)
+  atomic_write_json(directory / _MODEL_JSON, meta)
   return directory
 
 
@@ -204,19 +201,33 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
                 ) -> tuple[dict, ModelConfig, dict]:
   """(params, config, meta) of a `save_params` directory.
 
-  Raises FileNotFoundError if it is incomplete, ValueError if `tokenizer_identity` is
-  given and differs from the saved one.
+  Raises FileNotFoundError if it is incomplete, ValueError naming the file and the problem
+  if `model.json` is unreadable or edited, the params are truncated, corrupt or of other
+  shapes than its config (the params' sha256 in `model.json` is checked), or if
+  `tokenizer_identity` is given and differs from the saved one.
   """
   directory = pathlib.Path(directory).absolute()
   meta_path = directory / _MODEL_JSON
   if not meta_path.exists():
     raise FileNotFoundError(f"{meta_path} not found: not a finished save_params directory")
-  meta = json.loads(meta_path.read_text())
-  if tokenizer_identity is not None and meta["tokenizer"] != str(tokenizer_identity):
-    raise ValueError(f"{directory} was trained with tokenizer {meta['tokenizer'][:16]}..., "
+  try:
+    meta = json.loads(meta_path.read_text())
+    saved_tokenizer, saved_sha = str(meta["tokenizer"]), str(meta["params_sha256"])
+    config = ModelConfig(**meta["config"])
+  except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError is a ValueError
+    raise ValueError(f"{meta_path} is not a valid model.json: {type(e).__name__}: {e}") from None
+  if tokenizer_identity is not None and saved_tokenizer != str(tokenizer_identity):
+    raise ValueError(f"{directory} was trained with tokenizer {saved_tokenizer[:16]}..., "
                      f"but this run uses {str(tokenizer_identity)[:16]}...")
-  config = ModelConfig(**meta["config"])
   like = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
-  with ocp.StandardCheckpointer() as ckptr:
-    params = ckptr.restore(directory / "params", like)
+  try:
+    with ocp.StandardCheckpointer() as ckptr:
+      params = ckptr.restore(directory / "params", like)
+  except Exception as e:  # orbax/tensorstore errors on missing, truncated or reshaped files
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    raise ValueError(f"{directory / 'params'} cannot be restored as the model of "
+                     f"{meta_path.name} ({type(e).__name__}: {first})") from None
+  if params_checksum(params) != saved_sha:
+    raise ValueError(f"{directory / 'params'} do not match the sha256 in {meta_path.name}: "
+                     "the params or model.json were changed after saving")
   return params, config, meta

@@ -152,7 +152,7 @@ def permute_for_gguf(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   """GGUF tensor name (layer 'blk.{i}.' stripped) -> (out, in) shape after dequantize."""
-  d, f, v = cfg.embed_dim, cfg.mlp_dim, cfg.vocab_size
+  d, f = cfg.embed_dim, cfg.mlp_dim
   nh, kh = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
   shapes = {
       "attn_norm.weight": (d,), "ffn_norm.weight": (d,),

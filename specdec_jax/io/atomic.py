@@ -1,0 +1,40 @@
+"""Writes a kill cannot leave half done: a temporary file beside the target, fsync, rename.
+
+A reader sees the old file or the new one, never a prefix of the new one; a write that
+fails or is interrupted leaves no temporary file behind (a SIGKILL may leave one, named
+`.<name>.*.tmp`, which nothing reads).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any, Callable
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], Any]) -> None:
+  """Calls `write(binary file)` on a temporary file beside `path`, then renames it over it."""
+  path = pathlib.Path(path)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      write(f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+  atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def atomic_write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
+  """json.dumps(obj, indent=1, **dump_kw) + a newline, atomically."""
+  atomic_write_text(path, json.dumps(obj, indent=1, **dump_kw) + "\n")

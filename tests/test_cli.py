@@ -1,0 +1,61 @@
+"""Scripts: bad user input ends with one line and exit status 2; atomic writes."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from specdec_jax.io.atomic import atomic_write, atomic_write_json
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import _bootstrap  # noqa: E402
+
+
+def _generate(*flags):
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"),
+                         "--config=configs/tiny.py", "--prompt=abc", *flags], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.mesh=3,3", "error: mesh 3x3 needs 9 devices, 1 are available"),
+    ("--config.draft=ngram:0", "error: ngram draft name must be 'ngram:<n>' with n >= 1"),
+])
+def test_bad_input_exits_2_with_one_line(flag, message):
+  proc = _generate(flag)
+  assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
+  assert message in proc.stderr
+  assert "Traceback" not in proc.stderr
+
+
+def test_only_our_own_value_errors_are_user_errors():
+  def ours():
+    raise ValueError("bad value 3")
+  try:
+    ours()
+  except ValueError as exc:  # raised in tests/: not the library's own input check
+    assert not _bootstrap.is_user_error(exc)
+  from specdec_jax.sharding import parse_mesh_shape
+  try:
+    parse_mesh_shape("x")
+  except ValueError as exc:
+    assert _bootstrap.is_user_error(exc)
+  assert not _bootstrap.is_user_error(RuntimeError("a bug"))
+
+
+def test_atomic_write_keeps_the_old_file_when_a_write_fails(tmp_path):
+  path = tmp_path / "report.json"
+  atomic_write_json(path, {"step": 1})
+
+  def broken(f):
+    f.write(b'{"step": 2')
+    raise OSError("disk full")
+  with pytest.raises(OSError, match="disk full"):
+    atomic_write(path, broken)
+  assert json.loads(path.read_text()) == {"step": 1}
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
