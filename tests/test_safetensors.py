@@ -3,13 +3,12 @@
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from helpers import noise_params
 from specdec_jax.io.safetensors import export_hf, load_hf, to_hf_tensors
@@ -198,6 +197,16 @@ def test_corrupt_weights(tmp_path):
   _write_tiny_hf("llama", tmp_path)
   (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
   with pytest.raises(ValueError, match="corrupt safetensors file .*model.safetensors"):
+    load_hf(tmp_path)
+
+
+def test_wrong_dtype(tmp_path):
+  _write_tiny_hf("llama", tmp_path)
+  path = str(tmp_path / "model.safetensors")
+  tensors = load_file(path)
+  name = "model.layers.0.mlp.up_proj.weight"
+  save_file({**tensors, name: tensors[name].astype(np.int32)}, path)
+  with pytest.raises(ValueError, match=f"tensor '{name}' in .* has dtype int32; weights must be"):
     load_hf(tmp_path)
 
 

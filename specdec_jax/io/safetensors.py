@@ -148,6 +148,9 @@ def from_hf_tensors(get, names: set[str], config: ModelConfig, source: str = "ch
       raise ValueError(f"tensor {name!r} is missing from {source}")
     used.add(name)
     x = get(name)
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+      raise ValueError(f"tensor {name!r} in {source} has dtype {x.dtype}; weights must be "
+                       "float16, bfloat16, float32 or float64")
     if tuple(x.shape) != tuple(shape):
       raise ValueError(f"tensor {name!r} in {source} has shape {tuple(x.shape)} but the config "
                        f"(D={d}, F={f}, N={n}, K={k}, H={h}, V={v}) expects {tuple(shape)}")
