@@ -380,3 +380,41 @@ def test_vocabulary_subset_draft_distils_and_reloads(tiny_run):
     distill.init_draft_params(other, jax.random.PRNGKey(0), method=f"saved:{report['draft_dir']}")
   with pytest.raises(ValueError, match="full-vocabulary head"):
     distill.run_pretraining(config, root / "pretrain_subset", models=("draft",), log=_quiet)
+
+
+@pytest.mark.slow
+def test_killed_at_five_random_moments_resumes_bit_exact(tiny_run):
+  """SIGKILL at 5 seeded-random moments of a run that checkpoints every step and evaluates
+  every 4 (so a kill lands in a step, a checkpoint write or an evaluation); after each
+  kill every listed checkpoint reads back, and the finished run's params are
+  bit-identical to the uninterrupted run's."""
+  root, report = tiny_run
+  workdir = root / "killed5"
+  args = [sys.executable, str(ROOT / "scripts" / "distill.py"),
+          f"--config={ROOT / 'configs' / 'distill_tiny.py'}", f"--workdir={workdir}",
+          f"--config.cache_dir={root / 'cache'}",
+          *(f"--config.{k}={v}" for k, v in {**OVERRIDES, "checkpoint_every": 1,
+                                              "eval_every": 4, "keep": 3}.items())]
+  env = {**os.environ, "PYTHONPATH": str(ROOT)}
+  rng = np.random.default_rng(5)
+  killed = []
+  for _ in range(5):
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+      proc.wait(timeout=float(rng.uniform(9.0, 16.0)))  # past start-up, inside the loop
+    except subprocess.TimeoutExpired:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      killed.append(True)
+    with ckpt_lib.Checkpointer(workdir / "checkpoints", identity={}, save_every=1,
+                               keep=3) as ckpt:
+      for step in ckpt.all_steps():
+        assert ckpt.read_meta(step)["step"] == step
+  assert len(killed) >= 3, "the run finished before most kills: raise the kill times"
+  resumed = distill.run_distillation(
+      _config(root / "cache", checkpoint_every=1, eval_every=4, keep=3), workdir, log=_quiet)
+  assert resumed["steps"] == 40 and len(resumed["resumed_from"]) >= 1
+  full, _, _ = ckpt_lib.load_params(report["draft_dir"])
+  again, _, _ = ckpt_lib.load_params(resumed["draft_dir"])
+  jax.tree.map(np.testing.assert_array_equal, again, full)
