@@ -39,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
   c.gamma = 2  # best measured for the feature draft at T=0 on this machine (README)
-  c.verifier = "token"  # 'token' (Leviathan et al.) | 'block' (Sun et al. 2025)
+  c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 0.0
   c.top_k = 0
   c.top_p = 1.0

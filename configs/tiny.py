@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.chat = False
   c.prompts = ("The quick brown fox", "jumps over", "the lazy dog.", "Lorem ipsum")
   c.gamma = 3
-  c.verifier = "token"  # 'token' (Leviathan et al.) | 'block' (Sun et al. 2025)
+  c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 1.0
   c.top_k = 0
   c.top_p = 1.0

@@ -14,17 +14,21 @@ r"""`make run`: the real pair, end to end, on the embedded default.
 3. Generates from the config's prompts with the draft and without it, side by side
    (same prompts, settings and seed; compile excluded; median of repeats), and prints
    the text, the acceptance, α and the measured speedup.
+4. Does the same with the prompt-lookup draft of --lookup_config on its repetitive
+   passage (Psalm 136, whose refrain recurs), where drafting costs nothing;
+   --nolookup skips it.
 """
 
 import os
 import pathlib
 
-import _bootstrap  # noqa: F401
-from absl import app, flags, logging
+import _bootstrap  # repository root on sys.path; run(main)
+from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import studies
-from specdec_jax.loading import load_pair
+from specdec_jax.loading import encode_prompts, load_draft, load_pair
+from specdec_jax.sampling import SamplingConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_bootstrap.ROOT, "configs", "smollm2_135m.py"),
@@ -32,6 +36,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _DISTILL = config_flags.DEFINE_config_file(
     "distill_config", os.path.join(_bootstrap.ROOT, "configs", "distill_feature_make_run.py"),
     "distillation config used when the draft is missing", lock_config=True)
+_LOOKUP = config_flags.DEFINE_config_file(
+    "lookup_config", os.path.join(_bootstrap.ROOT, "configs", "prompt_lookup_smollm2.py"),
+    "the prompt-lookup config run after the main pair", lock_config=True)
+_RUN_LOOKUP = flags.DEFINE_bool("lookup", True, "also run --lookup_config (step 4)")
 
 
 def ensure_draft(config, distill_config) -> None:
@@ -56,6 +64,38 @@ def ensure_draft(config, distill_config) -> None:
   print(f"draft: saved to {draft_dir}; held-out alpha {report['alpha_after']}")
 
 
+def report(tok, texts, res, out, config) -> None:
+  """Prints each prompt's continuation and the side-by-side figures."""
+  for b, text in enumerate(texts):
+    print(f"\n>>> {text}")
+    print(tok.decode([i for i in out.row(b) if i != tok.eos_id]))
+  print(f"\ntarget {config.target} | draft {config.draft} | gamma {config.gamma} | "
+        f"temperature {config.temperature} | seed {config.seed}")
+  print(f"acceptance rate {res.acceptance_rate:.3f} | alpha {res.alpha:.3f} | "
+        f"tokens/step {res.tokens_per_step:.2f} (predicted {res.predicted_tokens_per_step:.2f})")
+  print(f"autoregressive {res.ar_tokens_per_s:.1f} tok/s | speculative "
+        f"{res.sd_tokens_per_s:.1f} tok/s | speedup {res.speedup:.2f}x "
+        f"(median of {res.repeats}, compile excluded)")
+
+
+def prompt_lookup(pair, config) -> None:
+  """Step 4: the same target with the lookup config's n-gram draft and prompts."""
+  tok = pair.tokenizer
+  draft_config, _ = load_draft(config.draft, tok, pair.target_config, None)
+  if draft_config is None or draft_config.kind != "ngram":
+    raise ValueError(f"--lookup_config must name an 'ngram:<n>' draft, got {config.draft!r}")
+  prompts = encode_prompts(tok, config.prompts, chat=bool(config.chat))
+  sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
+                            top_p=float(config.top_p))
+  print("\n--- prompt lookup: drafts copied from earlier in the text, at no draft cost")
+  res, out = studies.side_by_side(
+      pair.target_params, pair.target_config, None, draft_config, prompts,
+      gamma=config.gamma, max_new_tokens=config.max_new_tokens, sampling=sampling,
+      seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id, vocab_size=pair.vocab_size,
+      return_results=True, verifier=config.verifier)
+  report(tok, config.prompts, res, out, config)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
@@ -69,17 +109,10 @@ def main(argv):
       pair.prompts, gamma=config.gamma, max_new_tokens=config.max_new_tokens,
       sampling=pair.sampling, seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id,
       vocab_size=pair.vocab_size, return_results=True, verifier=pair.verifier)
-  for b, text in enumerate(config.prompts[: len(pair.prompts)]):
-    print(f"\n>>> {text}")
-    print(tok.decode([i for i in out.row(b) if i != tok.eos_id]))
-  print(f"\ntarget {config.target} | draft {config.draft} | gamma {config.gamma} | "
-        f"temperature {config.temperature} | seed {config.seed}")
-  print(f"acceptance rate {res.acceptance_rate:.3f} | alpha {res.alpha:.3f} | "
-        f"tokens/step {res.tokens_per_step:.2f} (predicted {res.predicted_tokens_per_step:.2f})")
-  print(f"autoregressive {res.ar_tokens_per_s:.1f} tok/s | speculative "
-        f"{res.sd_tokens_per_s:.1f} tok/s | speedup {res.speedup:.2f}x "
-        f"(median of {res.repeats}, compile excluded)")
+  report(tok, config.prompts[: len(pair.prompts)], res, out, config)
+  if _RUN_LOOKUP.value:
+    prompt_lookup(pair, _LOOKUP.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _bootstrap.run(main)

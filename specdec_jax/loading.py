@@ -204,7 +204,7 @@ class Pair:
   draft_params: dict | None
   prompts: list[list[int]]
   sampling: "SamplingConfig"
-  verifier: str = "token"  # 'token' | 'block' (speculative.VERIFIERS)
+  verifier: str = "block"  # 'block' | 'token' (speculative.VERIFIERS)
 
   @property
   def vocab_size(self) -> int:
@@ -214,11 +214,11 @@ class Pair:
 def load_pair(config, prompts: list[str] | None = None) -> Pair:
   """Tokenizer, target, draft (`load_models`), encoded prompts and sampling rules."""
   from specdec_jax.sampling import SamplingConfig
-  from specdec_jax.speculative import resolve_verifier
+  from specdec_jax.speculative import DEFAULT_VERIFIER, resolve_verifier
 
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))
-  verifier = str(config.get("verifier", "token"))
+  verifier = str(config.get("verifier", DEFAULT_VERIFIER))
   resolve_verifier(verifier)  # a clear error for an unknown name, before any work
   texts = list(config.prompts if prompts is None else prompts)
   if not texts:

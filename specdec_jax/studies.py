@@ -152,7 +152,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
                  draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
                  sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
                  eos_id: int | None = None, vocab_size: int | None = None,
-                 return_results: bool = False, verifier: str = "token"):
+                 return_results: bool = False, verifier: str | None = None):
   """Times autoregressive and speculative generation alternately, median of repeats.
 
   Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with

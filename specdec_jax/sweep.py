@@ -39,8 +39,9 @@ from specdec_jax import loading, studies
 from specdec_jax.loading import Models
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.sampling import SamplingConfig
-from specdec_jax.speculative import (GenerationResult, autoregressive_generate,
-                                     reached_positions, speculative_generate)
+from specdec_jax.speculative import (DEFAULT_VERIFIER, GenerationResult,
+                                     autoregressive_generate, reached_positions,
+                                     speculative_generate)
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 GRID_KEYS = ("draft_name", "temperature", "gamma")
@@ -230,7 +231,7 @@ class _Runner:
     return lambda: [speculative_generate(m.target_params, params, prompts,
                                          target_config=m.target_config, draft_config=cfg,
                                          gamma=gamma, row_ids=ids,
-                                         verifier=str(self.config.get("verifier", "token")),
+                                         verifier=self.config.get("verifier", None),
                                          **kw)
                     for ids, prompts in groups]
 
@@ -379,7 +380,7 @@ def _cell_config(config, env: dict) -> dict:
               top_p=float(config.top_p), max_new_tokens=int(config.max_new_tokens),
               prompt_source=config.prompt_source, stop_at_eos=bool(config.stop_at_eos),
               dtype=config.dtype, seed=int(config.seed),
-              verifier=str(config.get("verifier", "token")), **env)
+              verifier=str(config.get("verifier", DEFAULT_VERIFIER)), **env)
 
 
 def _context(prompts, max_new_tokens: int) -> int:

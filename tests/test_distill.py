@@ -6,6 +6,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -385,9 +386,10 @@ def test_vocabulary_subset_draft_distils_and_reloads(tiny_run):
 @pytest.mark.slow
 def test_killed_at_five_random_moments_resumes_bit_exact(tiny_run):
   """SIGKILL at 5 seeded-random moments of a run that checkpoints every step and evaluates
-  every 4 (so a kill lands in a step, a checkpoint write or an evaluation); after each
-  kill every listed checkpoint reads back, and the finished run's params are
-  bit-identical to the uninterrupted run's."""
+  every 4: once the run has saved a seeded-random step s_k, wait a random 0-0.3 s (a
+  step, a checkpoint write or an evaluation is under way) and kill it. After each kill
+  every listed checkpoint reads back, and the finished run's params are bit-identical
+  to the uninterrupted run's."""
   root, report = tiny_run
   workdir = root / "killed5"
   args = [sys.executable, str(ROOT / "scripts" / "distill.py"),
@@ -397,24 +399,33 @@ def test_killed_at_five_random_moments_resumes_bit_exact(tiny_run):
                                               "eval_every": 4, "keep": 3}.items())]
   env = {**os.environ, "PYTHONPATH": str(ROOT)}
   rng = np.random.default_rng(5)
-  killed = []
-  for _ in range(5):
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-      proc.wait(timeout=float(rng.uniform(9.0, 16.0)))  # past start-up, inside the loop
-    except subprocess.TimeoutExpired:
+  kill_after = sorted(rng.choice(np.arange(2, 38), size=5, replace=False).tolist())
+
+  def saved_steps():
+    directory = workdir / "checkpoints"
+    if not directory.exists():
+      return []
+    return [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
+
+  for k, step in enumerate(kill_after):
+    log = root / f"killed5_{k}.log"
+    with open(log, "w") as err:
+      proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=err, stderr=err)
+      deadline = time.monotonic() + 120
+      while proc.poll() is None and max(saved_steps(), default=0) < step:
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.01)
+      time.sleep(float(rng.uniform(0.0, 0.3)))
+      assert proc.poll() is None, f"the run ended before step {step}: {log.read_text()[-2000:]}"
       proc.send_signal(signal.SIGKILL)
       proc.wait()
-      killed.append(True)
     with ckpt_lib.Checkpointer(workdir / "checkpoints", identity={}, save_every=1,
                                keep=3) as ckpt:
-      for step in ckpt.all_steps():
-        assert ckpt.read_meta(step)["step"] == step
-  assert len(killed) >= 3, "the run finished before most kills: raise the kill times"
+      for saved in ckpt.all_steps():
+        assert ckpt.read_meta(saved)["step"] == saved
   resumed = distill.run_distillation(
       _config(root / "cache", checkpoint_every=1, eval_every=4, keep=3), workdir, log=_quiet)
-  assert resumed["steps"] == 40 and len(resumed["resumed_from"]) >= 1
+  assert resumed["steps"] == 40 and len(resumed["resumed_from"]) == 5
   full, _, _ = ckpt_lib.load_params(report["draft_dir"])
   again, _, _ = ckpt_lib.load_params(resumed["draft_dir"])
   jax.tree.map(np.testing.assert_array_equal, again, full)
