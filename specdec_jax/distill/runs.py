@@ -2,6 +2,12 @@
 
 `run_distillation` distils config.draft toward config.target and `run_pretraining`
 trains models from scratch; both resume from the workdir's latest orbax checkpoint.
+
+Letters: N_train training-corpus tokens, N held-out windows, T = config.seq_len.
+Training tokens are int32 [N_train]; held-out windows int32 [N, T+1]; a batch is
+config.batch_size windows [B, T]. With config.mesh the train state and target are
+sharded over the mesh and the batch over 'data' (`step.commit`); every process of a
+`jax.distributed` run writes its shards of each checkpoint, process 0 the report.
 """
 
 from __future__ import annotations
