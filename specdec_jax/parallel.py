@@ -94,23 +94,25 @@ def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelC
                        sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
                        vocab_size=vocab_size, verifier=verifier)
   batch = args.tokens.shape[0]
-  padded = -(-batch // num_dev) * num_dev
-  extra = padded - batch
+  padded = _padded_rows(batch, num_dev)
 
-  def shard(x, fill=None):
-    pad = np.repeat(x[-1:], extra, axis=0) if fill is None else np.full((extra,), fill)
-    x = np.concatenate([x, pad.astype(x.dtype)])
-    return x.reshape((num_dev, padded // num_dev) + x.shape[1:])
+  def shard(x):
+    return _pad_rows(x, padded).reshape((num_dev, padded // num_dev) + x.shape[1:])
 
   fn = _pmapped(tuple(sorted(args.statics.items(), key=lambda kv: kv[0])), devices)
   state, stats = fn(target_params, draft_params, shard(args.tokens), shard(args.prompt_len),
-                    shard(args.row_keys), shard(np.ones(batch, bool), fill=False))
+                    shard(args.row_keys), shard(np.arange(padded) < batch))
   state = jax.device_get(state)
   merged: DecodeState = jax.tree_util.tree_map(
       lambda x: x.reshape((padded,) + x.shape[2:])[:batch] if x.ndim >= 2 else x[0], state)
   result: GenerationResult = _finish(merged, max_new_tokens, pad_id)
   stats = {k: int(np.asarray(v)[0]) for k, v in jax.device_get(stats).items()}
   return result, stats
+
+
+def _padded_rows(batch: int, devices: int) -> int:
+  """The batch rounded up to a multiple of the devices it is split over."""
+  return -(-batch // devices) * devices
 
 
 def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
@@ -136,8 +138,7 @@ def mesh_generate(target_params, draft_params, prompts, *, mesh, target_config: 
                        sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
                        vocab_size=vocab_size, verifier=verifier)
   batch = args.tokens.shape[0]
-  data = mesh.shape["data"]
-  padded = -(-batch // data) * data
+  padded = _padded_rows(batch, mesh.shape["data"])
   inputs = [_pad_rows(x, padded) for x in (args.tokens, args.prompt_len, args.row_keys)]
   inputs = [sharding.put(x, sharding.batch_sharding(x.shape, mesh)) for x in inputs]
   state = decode_loop_jit(sharding.shard_params(target_params, mesh, shard_vocab=shard_vocab),
