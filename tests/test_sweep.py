@@ -38,6 +38,7 @@ def two_runs(tmp_path_factory):
   return [sweep.run_sweep(config, d, progress=False) for d in dirs], dirs
 
 
+@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
 def test_non_timing_columns_are_byte_identical(two_runs):
   _, (a, b) = two_runs
   for name in ("results.csv", "batch.csv"):
@@ -47,6 +48,7 @@ def test_non_timing_columns_are_byte_identical(two_runs):
     assert [sweep.deterministic(r) for r in ja[key]] == [sweep.deterministic(r) for r in jb[key]]
 
 
+@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
 def test_timing_columns_are_separate(two_runs):
   results, (a, _) = two_runs
   header, rows = read_csv(a / "results.csv")
@@ -70,6 +72,7 @@ def test_timing_columns_are_separate(two_runs):
   assert all(r["time_speedup"] > 0 for r in results[0]["grid"])
 
 
+@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
 def test_predicted_tokens_per_step_formula(two_runs):
   assert studies.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
   assert studies.expected_tokens_per_step(0.0, 4) == pytest.approx(1.0)
@@ -99,6 +102,7 @@ def test_stats_by_position():
   assert s["tokens_per_loop_step"] == pytest.approx(6 / 4)
 
 
+@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
 def test_plots_written(two_runs):
   results, (a, _) = two_runs
   for name in ("tokens_per_step.png", "speedup.png", "accept_by_position.png"):
