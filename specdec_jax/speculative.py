@@ -60,7 +60,7 @@ import numpy as np
 from specdec_jax import ngram, sharding
 from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.sampling import SamplingConfig, sample, warp
-from specdec_jax.verify import acceptance_probability, block_verify, verify
+from specdec_jax.verify import acceptance_probability, block_verify, valid_proposals, verify
 
 Array = jax.Array
 Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
@@ -332,7 +332,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   ps = warp_fn(logits)  # [B,G+1,V]
 
   block, num_accepted = verifier(xs, qs, ps, verify_keys)
-  beta = acceptance_probability(qs, ps)
+  beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   live = ~state.done
   state = state.replace(
       accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),

@@ -28,6 +28,20 @@ arXiv:2403.10444) verifies the block jointly, with the same inputs:
 and the row emits x_1..x_τ, y. Every emitted token is still distributed as p given
 the emitted prefix; E[τ] is never below token-wise verification's E[n] (equal at
 G = 1); the paper proves it optimal in expected tokens per iteration.
+
+Proposals that are not proposals (both verifiers). Leviathan et al.'s proof needs only
+that x_i was drawn from the q_i handed to the verifier. A drafted position i is *valid*
+when q_i is a distribution and x_i could have come from it:
+  every q_i(v) finite and >= 0,  |Σ_v q_i(v) - 1| <= Q_SUM_TOLERANCE,
+  0 <= x_i < V  and  q_i(x_i) > 0,
+and when i < num_proposed (a per-row count the caller may pass: a draft that has
+nothing to say, or a γ chosen per row). With m = the length of the leading run of
+valid positions, the verifier treats the row as if the draft had proposed x_1..x_m
+only: positions past m are never accepted, q_{m+1} is replaced by 0, so the token at
+the cut is drawn from p_{m+1} (token-wise) or norm(w_m p_{m+1}) = p_{m+1} (block, whose
+h_m becomes w_m as at the end of a block of m). Every emitted token is then distributed
+as p for ANY draft output: NaN, ±inf, negative, unnormalised, or zero mass on the token
+it proposed. The check is vectorized, runs under jit and never syncs to the host.
 """
 
 from __future__ import annotations
@@ -40,6 +54,10 @@ import jax.numpy as jnp
 from specdec_jax.sampling import sample
 
 Array = jax.Array
+
+# |Σ q - 1| above this makes a drafted position invalid (a float32 softmax over 49152
+# entries sums to 1 within ~1e-6; the sampler draws from q / Σ q).
+Q_SUM_TOLERANCE = 1e-3
 
 
 def _row_keys(key: Array, batch: int) -> Array:
@@ -60,18 +78,56 @@ def residual_distribution(p: Array, q: Array) -> Array:
   return jnp.where(mass > jnp.finfo(jnp.float32).tiny, residual / mass, p)
 
 
-def _verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn):
-  """One row: draft_tokens[G], draft_probs[G,V], target_probs[G+1,V] -> (tokens[G+1], n)."""
+def valid_proposals(draft_tokens: Array, draft_probs: Array,
+                    num_proposed: Array | None = None) -> Array:
+  """int32 [B]: m, the leading run of valid drafted positions (module docstring), <= G.
+
+  draft_tokens int [B,G], draft_probs float [B,G,V], num_proposed int [B] or None (= G).
+  """
+  vocab = draft_probs.shape[-1]
+  inside = (draft_tokens >= 0) & (draft_tokens < vocab)
+  q_x = jnp.take_along_axis(draft_probs, jnp.clip(draft_tokens, 0, vocab - 1)[..., None],
+                            axis=-1)[..., 0]
+  total = jnp.sum(draft_probs, axis=-1)
+  valid = (jnp.all(jnp.isfinite(draft_probs) & (draft_probs >= 0), axis=-1)
+           & (jnp.abs(total - 1.0) <= Q_SUM_TOLERANCE) & inside & (q_x > 0))
+  m = jnp.sum(jnp.cumprod(valid.astype(jnp.int32), axis=-1), axis=-1)
+  if num_proposed is not None:
+    m = jnp.minimum(m, jnp.clip(jnp.asarray(num_proposed, jnp.int32), 0, valid.shape[-1]))
+  return m.astype(jnp.int32)
+
+
+def _proposed_terms(draft_tokens, draft_probs, target_probs, num_valid):
+  """One row's q(x_i), p(x_i) [G] and q padded with zero rows past m [G+1,V].
+
+  Positions i >= m read q(x) = p(x) = 1 (finite, never used: they cannot be accepted)
+  and their q rows are 0, so no non-finite value of the draft reaches the verifier's
+  arithmetic.
+  """
+  gamma, vocab = draft_probs.shape
+  proposed = jnp.arange(gamma) < num_valid
+  tokens = jnp.clip(draft_tokens, 0, vocab - 1)[:, None]
+  q_x = jnp.take_along_axis(draft_probs, tokens, axis=-1)[:, 0]
+  p_x = jnp.take_along_axis(target_probs[:gamma], tokens, axis=-1)[:, 0]
+  q_x = jnp.where(proposed, q_x, 1.0)
+  p_x = jnp.where(proposed, p_x, 1.0)
+  q_rows = jnp.where(proposed[:, None], draft_probs, 0.0)
+  q_padded = jnp.concatenate([q_rows, jnp.zeros_like(q_rows[:1])], axis=0)
+  return proposed, q_x, p_x, q_padded
+
+
+def _verify_row(draft_tokens, draft_probs, target_probs, key, num_valid, residual_fn):
+  """One row: draft_tokens[G], draft_probs[G,V], target_probs[G+1,V], m -> (tokens[G+1], n)."""
   gamma = draft_tokens.shape[0]
   key_accept, key_resample = jax.random.split(key)
   u = jax.random.uniform(key_accept, (gamma,), jnp.float32)
-  q_x = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
-  p_x = jnp.take_along_axis(target_probs[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
-  accepted = u * q_x < p_x
+  proposed, q_x, p_x, q_padded = _proposed_terms(draft_tokens, draft_probs, target_probs,
+                                                 num_valid)
+  accepted = (u * q_x < p_x) & proposed
   num_accepted = jnp.sum(jnp.cumprod(accepted.astype(jnp.int32)))
 
-  # q_{G+1} is zero, so the residual at n == G is p_{G+1} itself: the bonus token.
-  q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
+  # q is zero at and past m (q_{G+1} always), so the residual at n == m is p_{m+1} itself:
+  # the bonus token at m == G, a plain draw from p where the proposals stop.
   residual = residual_fn(target_probs[num_accepted], q_padded[num_accepted])
   return _with_correction(draft_tokens, num_accepted, residual, key_resample)
 
@@ -85,7 +141,7 @@ def _with_correction(draft_tokens, num_accepted, correction, key):
 
 
 def verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Array, *,
-           residual_fn=residual_distribution):
+           num_proposed: Array | None = None, residual_fn=residual_distribution):
   """Vectorized accept/reject.
 
   Args:
@@ -93,26 +149,38 @@ def verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Ar
     draft_probs: float [B,G,V], q_i, the distributions the drafts were sampled from.
     target_probs: float [B,G+1,V], p_i after the same warp as q.
     key: one PRNG key (split into B row keys) or B keys (one per row).
+    num_proposed: int [B] or None (= G): row b proposed only its first num_proposed[b]
+      drafts; later ones are never accepted (module docstring, "Proposals that are not
+      proposals"). Invalid q rows cut the proposals the same way.
     residual_fn: (p[V], q[V]) -> the correction distribution. Only tests change it
       (the naive "correct from p" variant is their negative control).
 
   Returns:
     tokens: int32 [B,G+1]; row b emits tokens[b, :num_accepted[b]+1]. Entries past
       that hold the rejected drafts (never emitted).
-    num_accepted: int32 [B], the length n of the leading accepted run (0..G).
+    num_accepted: int32 [B], the length n of the leading accepted run (0..m <= G).
   """
   draft_tokens, draft_probs, target_probs = _check_verifier_args(draft_tokens, draft_probs,
                                                                   target_probs)
   b = draft_tokens.shape[0]
   keys = _row_keys(key, b)
+  num_valid = valid_proposals(draft_tokens, draft_probs, num_proposed)
   row = functools.partial(_verify_row, residual_fn=residual_fn)
-  return jax.vmap(row)(draft_tokens, draft_probs, target_probs, keys)
+  return jax.vmap(row)(draft_tokens, draft_probs, target_probs, keys, num_valid)
 
 
-def acceptance_probability(draft_probs: Array, target_probs: Array) -> Array:
-  """β_i = Σ_x min(p_i(x), q_i(x)) = 1 - TV(p_i, q_i). [B,G,V],[B,G(+1),V] -> [B,G]."""
+def acceptance_probability(draft_probs: Array, target_probs: Array,
+                           num_valid: Array | None = None) -> Array:
+  """β_i = Σ_x min(p_i(x), q_i(x)) = 1 - TV(p_i, q_i). [B,G,V],[B,G(+1),V] -> [B,G].
+
+  num_valid int [B] (`valid_proposals`): positions at and past it get β = 0 (nothing
+  was proposed there), so a broken draft never reports a NaN acceptance.
+  """
   g = draft_probs.shape[-2]
-  return jnp.sum(jnp.minimum(draft_probs, target_probs[..., :g, :]), axis=-1)
+  beta = jnp.sum(jnp.minimum(draft_probs, target_probs[..., :g, :]), axis=-1)
+  if num_valid is None:
+    return beta
+  return jnp.where(jnp.arange(g) < jnp.asarray(num_valid)[..., None], beta, 0.0)
 
 
 # --------------------------------------------------------------- block verification
@@ -129,12 +197,12 @@ def block_residual_distribution(p: Array, q: Array, weight: Array) -> Array:
                    residual / jnp.where(mass > 0, mass, 1.0), p)
 
 
-def _block_terms_row(draft_tokens, draft_probs, target_probs):
-  """One row: tokens[G], q[G,V], p[G+1,V] -> (weights w[G+1], stop probabilities h[G+1],
-  q padded with a zero row [G+1,V])."""
+def _block_terms_row(draft_tokens, draft_probs, target_probs, num_valid):
+  """One row: tokens[G], q[G,V], p[G+1,V], m -> (weights w[G+1], stop probabilities
+  h[G+1], q with zero rows at and past m [G+1,V]). Past m the block is cut: h_i = 0 for
+  i > m and h_m = w_m, as at the end of a block of m drafts."""
   gamma = draft_tokens.shape[0]
-  q_x = jnp.take_along_axis(draft_probs, draft_tokens[:, None], axis=-1)[:, 0]
-  p_x = jnp.take_along_axis(target_probs[:gamma], draft_tokens[:, None], axis=-1)[:, 0]
+  _, q_x, p_x, q_padded = _proposed_terms(draft_tokens, draft_probs, target_probs, num_valid)
 
   def step(w, pq):
     p_i, q_i = pq
@@ -145,11 +213,12 @@ def _block_terms_row(draft_tokens, draft_probs, target_probs):
 
   _, w_tail = jax.lax.scan(step, jnp.float32(1.0), (p_x, q_x))
   weights = jnp.concatenate([jnp.ones((1,), jnp.float32), w_tail])  # w_0..w_G
-  q_padded = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:1])], axis=0)
   excess = jnp.sum(jnp.maximum(weights[:, None] * target_probs - q_padded, 0.0), axis=-1)
   denom = excess + (1.0 - weights)  # >= excess in floating point too, so h <= 1
   stop = jnp.where(denom > 0, excess / jnp.where(denom > 0, denom, 1.0), 1.0)
-  stop = stop.at[0].set(1.0).at[gamma].set(weights[gamma])
+  index = jnp.arange(gamma + 1)
+  stop = jnp.where(index < num_valid, stop, jnp.where(index == num_valid, weights, 0.0))
+  stop = stop.at[0].set(1.0)
   return weights, stop, q_padded
 
 
@@ -173,7 +242,8 @@ def _check_verifier_args(draft_tokens, draft_probs, target_probs):
   return draft_tokens.astype(jnp.int32), draft_probs, target_probs
 
 
-def block_verification_terms(draft_tokens: Array, draft_probs: Array, target_probs: Array):
+def block_verification_terms(draft_tokens: Array, draft_probs: Array, target_probs: Array,
+                             num_proposed: Array | None = None):
   """The deterministic part of `block_verify`, for exact (enumerated) analysis.
 
   Returns weights w [B,G+1] (w_0..w_G), stop probabilities h [B,G+1] (h_0 = 1) and the
@@ -181,14 +251,16 @@ def block_verification_terms(draft_tokens: Array, draft_probs: Array, target_pro
   Given the drafts, P(τ = i) = h_i Π_{j>i} (1 - h_j).
   """
   tokens, q, p = _check_verifier_args(draft_tokens, draft_probs, target_probs)
-  weights, stop, q_padded = jax.vmap(_block_terms_row)(tokens, q, p)
+  num_valid = valid_proposals(tokens, q, num_proposed)
+  weights, stop, q_padded = jax.vmap(_block_terms_row)(tokens, q, p, num_valid)
   return weights, stop, block_residual_distribution(p, q_padded, weights)
 
 
-def _block_verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn):
-  """One row: draft_tokens[G], draft_probs[G,V], target_probs[G+1,V] -> (tokens[G+1], τ)."""
+def _block_verify_row(draft_tokens, draft_probs, target_probs, key, num_valid, residual_fn):
+  """One row: draft_tokens[G], draft_probs[G,V], target_probs[G+1,V], m -> (tokens[G+1], τ)."""
   gamma = draft_tokens.shape[0]
-  weights, stop, q_padded = _block_terms_row(draft_tokens, draft_probs, target_probs)
+  weights, stop, q_padded = _block_terms_row(draft_tokens, draft_probs, target_probs,
+                                             num_valid)
   key_accept, key_resample = jax.random.split(key)
   eta = jax.random.uniform(key_accept, (gamma,), jnp.float32)  # η_1..η_G
   positions = jnp.arange(1, gamma + 1, dtype=jnp.int32)
@@ -199,7 +271,7 @@ def _block_verify_row(draft_tokens, draft_probs, target_probs, key, residual_fn)
 
 
 def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, key: Array, *,
-                 residual_fn=block_residual_distribution):
+                 num_proposed: Array | None = None, residual_fn=block_residual_distribution):
   """Block verification (Sun et al., ICLR 2025, arXiv:2403.10444); vectorized.
 
   A drop-in replacement for `verify` (same arguments, same return contract). Per row,
@@ -210,7 +282,9 @@ def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, k
     τ = max({0} ∪ {i in 1..G : η_i < h_i})   (the paper's scan from i = G down)
     y ~ norm(max(0, w_τ p_{τ+1} - q_{τ+1})), or p_{τ+1} if that mass underflows;
         at τ = G this is the bonus token y ~ p_{G+1}.
-  The row emits x_1..x_τ, y. Exact zeros in p or q are fine (no division by zero);
+  The row emits x_1..x_τ, y. Positions past m = `valid_proposals` (invalid q, or
+  num_proposed) cut the block there: h_m = w_m, h_i = 0 for i > m, q_{m+1} ≡ 0, so any
+  draft output leaves the law exact. Exact zeros in p or q are fine (no division by zero);
   one-hot p and q (greedy) give w_i = 1 on the leading run of matches, h = 1 at its end,
   so τ and y equal `verify`'s argmax matching exactly.
 
@@ -224,15 +298,18 @@ def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, k
     draft_probs: float [B,G,V], q_i, the distributions the drafts were sampled from.
     target_probs: float [B,G+1,V], p_i after the same warp as q.
     key: one PRNG key or B keys.
+    num_proposed: int [B] or None (= G): row b proposed only its first num_proposed[b]
+      drafts (see `verify`).
     residual_fn: (p[V], q[V], w) -> the correction distribution. Only tests change it
       (negative controls).
 
   Returns:
     tokens: int32 [B,G+1]; row b emits tokens[b, :num_accepted[b]+1]. Entries past that
       hold the rejected drafts (never emitted).
-    num_accepted: int32 [B], τ (0..G), the number of drafts emitted.
+    num_accepted: int32 [B], τ (0..m <= G), the number of drafts emitted.
   """
   tokens, q, p = _check_verifier_args(draft_tokens, draft_probs, target_probs)
   keys = _row_keys(key, tokens.shape[0])
+  num_valid = valid_proposals(tokens, q, num_proposed)
   row = functools.partial(_block_verify_row, residual_fn=residual_fn)
-  return jax.vmap(row)(tokens, q, p, keys)
+  return jax.vmap(row)(tokens, q, p, keys, num_valid)
