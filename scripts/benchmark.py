@@ -14,11 +14,9 @@ Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
 """
 
 import itertools
-import platform
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
-import jax
 import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
@@ -26,6 +24,7 @@ from ml_collections import config_flags
 from specdec_jax import speculative as spec
 from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
@@ -99,10 +98,10 @@ def main(argv):
           f"{res.tokens_per_step:.2f} | {res.predicted_tokens_per_step:.2f} | {pred:.2f}x | "
           f"{compile_s:.2f}")
   if _OUT.value:
-    meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
-                machine=platform.machine(), target_call_ms=target_ms, c=c,
+    meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
                 verify_cost={str(k): x for k, x in v.items()})
-    atomic_write_json(_OUT.value, dict(meta=meta, rows=rows), default=str)
+    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
+                      default=str)
 
 
 if __name__ == "__main__":
