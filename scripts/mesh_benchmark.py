@@ -11,8 +11,6 @@ whether the tokens equal one device's. A benchmark, not a test: nothing here ass
 a speed. On a CPU the forced devices share the same cores, so expect a loss there.
 """
 
-import platform
-
 import _bootstrap  # repository root on sys.path; run(main)
 import jax
 from absl import flags, logging
@@ -20,6 +18,7 @@ from ml_collections import config_flags
 
 from specdec_jax import sharding, studies
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 from specdec_jax.parallel import mesh_generate
 from specdec_jax.speculative import autoregressive_generate, speculative_generate
@@ -83,9 +82,9 @@ def main(argv):
               f"{row['one_tokens_per_s']:.1f} | {row['mesh_tokens_per_s']:.1f} | "
               f"{row['ratio']:.2f}x | {row['same_tokens']} | {','.join(row['split'])}")
   if _OUT.value and jax.process_index() == 0:
-    meta = dict(config=config.to_dict(), jax=jax.__version__, devices=str(jax.devices()),
-                machine=platform.machine())
-    atomic_write_json(_OUT.value, dict(meta=meta, rows=rows), default=str)
+    meta = dict(config=config.to_dict(), process_count=jax.process_count())
+    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
+                      default=str)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 from absl import flags
 
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
 from specdec_jax.model import forward, init_cache, unstack_layers
 from specdec_jax.sampling import SamplingConfig
@@ -147,7 +148,7 @@ def main(argv):
   for key, value in figures.items():
     print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
   if _OUT.value:
-    atomic_write_json(_OUT.value, figures)
+    atomic_write_json(_OUT.value, dict(figures, stamp=machine_stamp()))
 
 
 if __name__ == "__main__":

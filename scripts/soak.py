@@ -11,17 +11,16 @@ number of compiled decode loops (`decode_loop_jit`'s cache) and the resident mem
 end and the largest drift of resident memory from its value after the first call.
 """
 
-import platform
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
-import jax
 import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
@@ -89,8 +88,8 @@ def main(argv):
         f"{summary['rss_after_first_call_mb']:.0f} -> {summary['rss_at_end_mb']:.0f} MB "
         f"(largest drift {100 * drift:.2f}%)")
   if _OUT.value:
-    atomic_write_json(_OUT.value, dict(summary=summary, record=record, jax=jax.__version__,
-                                       machine=platform.machine(), config=config.to_dict()),
+    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), summary=summary, record=record,
+                                       config=config.to_dict()),
                       default=str)
 
 
