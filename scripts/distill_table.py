@@ -5,11 +5,10 @@ r"""α before and after distillation, per loss and per data source, as one table
 
 Every run starts from the same draft initialisation and seed and differs only in the
 loss (with the config's on-policy fraction, 'mix') or in the data source (forward KL
-on corpus windows only, or on draft samples only). Writes DIR/table.json and
-DIR/table.md; each run's report stays in DIR/<loss>-<source>/report.json.
+on corpus windows only, or on draft samples only). Writes DIR/table.json (the rows and
+the machine stamp) and DIR/table.md; each run's report stays in DIR/<loss>-<source>/report.json.
 """
 
-import json
 import pathlib
 
 import _bootstrap  # repository root on sys.path; run(main)
@@ -17,6 +16,8 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import distill
+from specdec_jax.io.atomic import atomic_write_json, atomic_write_text
+from specdec_jax.io.machine import machine_stamp
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/distill_*.py file.",
                                           lock_config=False)
@@ -52,7 +53,7 @@ def main(argv):
                      **{f"after_{k}": v for k, v in report["alpha_after"].items()},
                      training_time_s=report["training_time_s"]))
   out = pathlib.Path(_WORKDIR.value)
-  (out / "table.json").write_text(json.dumps(rows, indent=1))
+  atomic_write_json(out / "table.json", dict(stamp=machine_stamp(), rows=rows))
   keys = [k for k in rows[0] if k.startswith(("before_", "after_"))]
   lines = ["| loss | data | steps | " + " | ".join(keys) + " | train s |",
            "|" + "---|" * (4 + len(keys))]
@@ -60,7 +61,7 @@ def main(argv):
     lines.append(f"| {r['loss']} | {r['source']} ({r['on_policy_fraction']:g} on-policy) | "
                  f"{r['steps']} | " + " | ".join(f"{r[k]:.3f}" for k in keys)
                  + f" | {r['training_time_s']:.0f} |")
-  (out / "table.md").write_text("\n".join(lines) + "\n")
+  atomic_write_text(out / "table.md", "\n".join(lines) + "\n")
   print("\n".join(lines))
 
 

@@ -27,7 +27,6 @@ import csv
 import itertools
 import math
 import pathlib
-import subprocess
 import time
 from typing import Callable, Sequence
 
@@ -38,12 +37,12 @@ import numpy as np
 from specdec_jax import loading, studies
 from specdec_jax.loading import Models
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import git_state, machine_stamp
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import (DEFAULT_VERIFIER, GenerationResult,
                                      autoregressive_generate, reached_positions,
                                      speculative_generate)
 
-_ROOT = pathlib.Path(__file__).resolve().parent.parent
 GRID_KEYS = ("draft_name", "temperature", "gamma")
 BATCH_KEYS = ("draft_name", "temperature", "gamma", "batch")
 
@@ -52,11 +51,7 @@ BATCH_KEYS = ("draft_name", "temperature", "gamma", "batch")
 
 def environment() -> dict:
   """Package versions and the git commit (`git rev-parse HEAD`, else 'unknown')."""
-  try:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_ROOT, capture_output=True,
-                            text=True, timeout=10, check=True).stdout.strip() or "unknown"
-  except (OSError, subprocess.SubprocessError):
-    commit = "unknown"
+  commit = git_state()[0] or "unknown"
   return dict(jax_version=jax.__version__, flax_version=flax.__version__,
               numpy_version=np.__version__, git_commit=commit)
 
@@ -538,7 +533,8 @@ def run_sweep(config, workdir, *, progress: bool = True) -> dict:
     grid = run_grid(models, config, prompts, costs, runner, bar)
     batch = run_batch_study(models, config, prompts, runner, bar)
   results = dict(grid=grid, batch=batch, best_gamma=best_gammas(grid, costs), costs=costs,
-                 meta=dict(config=config.to_dict(), prompts=prompts, **runner.env))
+                 meta=dict(config=config.to_dict(), prompts=prompts, **runner.env,
+                           stamp=machine_stamp()))
   write_outputs(workdir, results)
   if config.plots:
     results["plots"] = plot(workdir, grid)

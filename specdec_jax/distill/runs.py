@@ -33,6 +33,7 @@ from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainS
                                       make_feature_train_step, make_train_step)
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
 from specdec_jax.model import ModelConfig, param_count, param_shapes
 
 Array = jax.Array
@@ -308,7 +309,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       "target": config.target, "target_identity": identity["target"],
       "tokenizer": tokenizer.identity, "draft_config": draft_config.to_dict(),
       "draft_params": param_count(state.params), "draft_dir": str(draft_dir),
-      "config": config.to_dict(),
+      "config": config.to_dict(), "stamp": machine_stamp(),
   }
   if jax.process_index() == 0:
     atomic_write_json(workdir / "report.json", report, sort_keys=True, default=str)
@@ -376,6 +377,6 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
                      "params": param_count(state.params), "config": model_config.to_dict(),
                      "resumed_from": extra.get("resumed_from", [])}
   report = {"models": reports, "tokenizer": tokenizer.identity, "seed": config.seed,
-            "config": config.to_dict()}
+            "config": config.to_dict(), "stamp": machine_stamp()}
   atomic_write_json(workdir / "pretrain_report.json", report, sort_keys=True, default=str)
   return report
