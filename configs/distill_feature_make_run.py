@@ -4,7 +4,8 @@ r"""The short feature-draft distillation `make run` does on a fresh machine.
 
 configs/distill_feature_smollm2.py cut to fit the 15-minute budget of a first `make run`
 (installation included): a smaller cache of target outputs, fewer steps, evaluation only
-before and after. The README gives its measured time, α and speed-up.
+before and after. docs/results.md (`make run` on a fresh clone) gives its measured time
+and speed-up.
 """
 
 # The repository root is on sys.path (scripts/_bootstrap.py, the Makefile's PYTHONPATH).

@@ -10,7 +10,7 @@ The draft 'saved:artifacts/smollm2_feature_draft' (a feature draft, EAGLE-3 styl
 reads the target's hidden states; configs/distill_feature_make_run.py) is made by
 `make run` (scripts/run.py) on first use; until then use --config.draft=none or a
 'truncate:<k>' draft. The independent draft of configs/distill_make_run.py
-('saved:artifacts/smollm2_draft') works here too; the README compares the two.
+('saved:artifacts/smollm2_draft') works here too; docs/results_archive.md compares the two.
 """
 
 import ml_collections
@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
-  c.gamma = 2  # best measured for the feature draft at T=0 on this machine (README)
+  c.gamma = 2  # best of 1-4 for the feature draft at T=0 on machine A (docs/results_archive.md)
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 0.0
   c.top_k = 0

@@ -10,7 +10,8 @@ its batch: tests/test_speculative.py), so acceptance is per window and the sweep
 prints α with the half-width of its 95% interval over the windows; `repeats = 0` times
 nothing (batch-1 speed-ups come from scripts/benchmark.py). The drafts are made by
 `make run` (the feature draft) and by scripts/distill.py; drop one from c.drafts if it
-is missing. The README gives the measured table and the command's wall time.
+is missing. docs/results.md gives the measured table (`python scripts/measure_results.py
+--only=sweep` measures it again).
 """
 
 import ml_collections

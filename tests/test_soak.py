@@ -1,6 +1,6 @@
 """Soak (slow): 1000 speculative steps on the tiny pair compile once and hold memory flat.
 
-`make test-all` runs it; the README gives its figures and the SmolLM2 soak's
+`make test-all` runs it; docs/reliability.md gives its figures and the SmolLM2 soak's
 (`scripts/soak.py --config=configs/smollm2_135m.py --tokens=2000`).
 """
 
