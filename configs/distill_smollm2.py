@@ -24,10 +24,9 @@ alpha at temperature 0 (argmax agreement) / 1: 0.002 / 0.060 before, 0.317 / 0.3
 under the cosine schedule. The full-head draft of the same shape reached 0.374 / 0.422
 in 600 steps at ~3 s each. A 2x speed-up on the 2-core CPUs of docs/results_archive.md
 needs alpha ≈ 0.8 (REFERENCE.md §2). In an 80-step comparison (8192-token head each) a
-d=576 draft copied
-from the target's first two layers reached 0.301 / 0.288 (c = 0.087), a 4-layer d=384
-one 0.269 / 0.286 (c = 0.085) and this one 0.252 / 0.274 (c = 0.026); the README names
-the commands.
+d=576 draft copied from the target's first two layers reached 0.301 / 0.288 (c = 0.087),
+a 4-layer d=384 one 0.269 / 0.286 (c = 0.085) and this one 0.252 / 0.274 (c = 0.026);
+docs/results_archive.md names the commands, the machine and the commit.
 
 Checkpoints every 50 steps in workdir/checkpoints (re-running the same command resumes),
 the draft in workdir/draft (`--config.draft=saved:<workdir>/draft` for
