@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-all bench clean
+.PHONY: run test test-all bench results results-measure clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --config=configs/tiny.py
+
+# docs/results.md, the README's "What to expect" block and their plots, from docs/results/*.json
+results: $(STAMP)
+	$(PY) scripts/results.py
+
+# measures the figures of docs/results.md again (SmolLM2 needs make run's draft), then `results`
+results-measure: $(STAMP)
+	$(PY) scripts/measure_results.py
+	$(PY) scripts/results.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,114 @@
+r"""`make results-measure`: runs the measurements behind docs/results.md and writes their
+stamped JSON under docs/results/; `make results` then regenerates the page.
+
+  python scripts/measure_results.py                        # every section but fresh-clone
+  python scripts/measure_results.py --only=smollm2,tiny    # some sections
+  python scripts/measure_results.py --only=fresh-clone     # make run + make test, timed
+
+Each section of `specdec_jax.results_page.SECTIONS` names its command; this script runs
+them one after another (each a subprocess, so each stamps its own command line) and prints
+the wall time of each. Timings are only worth committing from a machine with nothing else
+running. The SmolLM2 sections need the feature draft that `make run` distils into
+artifacts/ (about 10 minutes on a 2-core CPU the first time).
+
+Expected on a 2-core CPU: tiny ~1 min; each SmolLM2 benchmark 2-4 min; the sweep
+(acceptance only, 32 windows, γ = 1..4, T = 0 and 1) 5-10 min; fresh-clone (a `git clone`
+of HEAD, then `make run` and `make test` in it, installation included) 20-30 min.
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import _bootstrap  # repository root on sys.path; run(main)
+from absl import flags
+
+from specdec_jax import results_page
+from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
+
+_ONLY = flags.DEFINE_list("only", None, "section anchors to measure (default: all but "
+                          "fresh-clone); one of " + ", ".join(s.anchor for s in
+                                                                results_page.SECTIONS))
+_DRAFT = "artifacts/smollm2_feature_draft"
+
+
+def sections(names):
+  """The sections named (all but fresh-clone by default), in page order."""
+  known = {s.anchor: s for s in results_page.SECTIONS}
+  if names is None:
+    return [s for s in results_page.SECTIONS if s.argv]
+  unknown = [n for n in names if n not in known]
+  if unknown:
+    raise ValueError(f"unknown section(s) {unknown}; known: {sorted(known)}")
+  return [known[n] for n in names]
+
+
+def run_script(section, root: pathlib.Path) -> float:
+  """Runs the section's command from the repository root; returns its wall time (s)."""
+  cmd = [sys.executable, *section.argv]
+  print(f"[{section.anchor}] python {' '.join(section.argv)}", flush=True)
+  env = {**os.environ, "PYTHONPATH": str(root)}
+  clock = time.perf_counter()
+  subprocess.run(cmd, cwd=root, env=env, check=True)
+  return time.perf_counter() - clock
+
+
+PRINTED = {  # what a command prints that the results page quotes, by regular expression
+    "make run": r"acceptance rate [0-9.]+ \| alpha [0-9.]+ \| tokens/step [0-9.]+"
+                r"|speedup [0-9.]+x",
+    "make test": r"\d+ passed[^\n]*",
+}
+
+
+def fresh_clone(root: pathlib.Path, out: pathlib.Path) -> float:
+  """`git clone` of HEAD into a temporary directory, then `make run` and `make test` there,
+  each timed; writes `out` with the stamp (commit = HEAD, clean) and what each printed."""
+  clock = time.perf_counter()
+  stamp = machine_stamp()
+  stamp["git_dirty"] = False  # the clone holds HEAD exactly, whatever the working tree holds
+  runs = []
+  with tempfile.TemporaryDirectory(prefix="specdec_fresh_clone_") as tmp:
+    clone = pathlib.Path(tmp) / "specdec_jax"
+    subprocess.run(["git", "clone", "--quiet", str(root), str(clone)], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    for target in ("run", "test"):
+      print(f"[fresh-clone] make {target} (in a fresh clone of HEAD)", flush=True)
+      start = time.perf_counter()
+      proc = subprocess.run(["make", target], cwd=clone, env=env, capture_output=True,
+                            text=True)
+      seconds = time.perf_counter() - start
+      output = (proc.stdout + proc.stderr).replace(str(clone), ".")
+      figures = re.findall(PRINTED[f"make {target}"], output)
+      runs.append(dict(command=f"make {target}", seconds=seconds,
+                       returncode=proc.returncode, figures=figures,
+                       output_tail=output.splitlines()[-20:]))
+      print(f"[fresh-clone] make {target}: {seconds:.0f} s, exit {proc.returncode}: "
+            f"{'; '.join(figures)}", flush=True)
+  atomic_write_json(out, dict(stamp=stamp, runs=runs))
+  return time.perf_counter() - clock
+
+
+def main(argv):
+  del argv
+  root = pathlib.Path(_bootstrap.ROOT)
+  chosen = sections(_ONLY.value)
+  if any(s.needs_draft for s in chosen) and not (root / _DRAFT / "model.json").exists():
+    raise ValueError(f"{_DRAFT} does not exist: run `make run` first (it distils the "
+                     "feature draft the SmolLM2 sections measure)")
+  (root / results_page.RESULTS_DIR).mkdir(parents=True, exist_ok=True)
+  for section in chosen:
+    if section.kind == "fresh_clone":
+      seconds = fresh_clone(root, root / results_page.RESULTS_DIR / section.path)
+    else:
+      seconds = run_script(section, root)
+    print(f"[{section.anchor}] done in {seconds:.0f} s", flush=True)
+  print("now `make results` regenerates docs/results.md and the README block")
+
+
+if __name__ == "__main__":
+  _bootstrap.run(main)

@@ -1,0 +1,387 @@
+"""docs/results.md, the README's "What to expect" block and their plots, from result JSON.
+
+Every figure the README and docs/results.md quote is generated here from a stamped
+result file under docs/results/ (`io.machine.machine_stamp()`: CPU, ISA flags, cores,
+memory, accelerator, jax/jaxlib, git commit and dirty flag, date, command line), so a
+figure always names its command, machine and commit. Three kinds of file:
+
+  benchmark    scripts/benchmark.py --out: {'stamp', 'meta', 'rows': [one per γ, verifier]}
+  sweep        a sweep workdir's results.json: {'meta': {'stamp', ...}, 'grid': [cells]}
+  fresh_clone  scripts/measure_results.py --only=fresh_clone: {'stamp', 'runs': [make run,
+               make test]}
+
+SECTIONS fixes which file fills which section, in page order; a file not there yet
+renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
+(scripts/results.py) reproduces the page byte for byte, and tests/test_results_page.py
+checks that the committed page matches the committed JSON. Plots are written too
+(matplotlib, Agg, no timestamps), but only the Markdown is checked byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RESULTS_DIR = "docs/results"  # the result JSON, relative to the repository root
+PAGE = "docs/results.md"
+FIGURES_DIR = "docs/figures"
+README = "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """One result file and the section of docs/results.md it fills."""
+
+  anchor: str  # the HTML anchor in docs/results.md
+  path: str  # relative to RESULTS_DIR
+  kind: str  # 'benchmark' | 'sweep' | 'fresh_clone'
+  title: str
+  about: str  # one paragraph: what was measured, how to read it
+  argv: tuple[str, ...] = ()  # the measuring command after `python` (scripts/measure_results.py)
+  needs_draft: bool = False  # needs make run's feature draft in artifacts/
+
+
+SECTIONS = (
+    Section("fresh-clone", "fresh_clone.json", "fresh_clone",
+            "`make run` and `make test` on a fresh clone",
+            "Wall time of each command on a fresh clone of the commit, installation and (for "
+            "`make run`) the first-run feature draft included, and what it printed."),
+    Section("smollm2", "benchmark_smollm2.json", "benchmark",
+            "SmolLM2-135M with the feature draft of `make run`, greedy",
+            "Speculative against autoregressive decoding on the held-out Luke and Coriolanus "
+            "prompts, batch 1, 64 new tokens; the ratios are interleaved in one process "
+            "(compile excluded, median of repeats). α is measured while decoding.",
+            ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
+             f"--out={RESULTS_DIR}/benchmark_smollm2.json"), needs_draft=True),
+    Section("smollm2-t1", "benchmark_smollm2_t1.json", "benchmark",
+            "SmolLM2-135M with the feature draft of `make run`, temperature 1",
+            "As above, sampling at temperature 1: one sample per cell, so acceptance is noisy; "
+            "the sweep below averages 32 windows.",
+            ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
+             "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_smollm2_t1.json"),
+            needs_draft=True),
+    Section("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
+            "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
+            "The draft copies what followed the last match of up to 3 trailing tokens; its "
+            "cost is nil (c = 0), so the speedup is tokens per target call over v(γ+1).",
+            ("scripts/benchmark.py", "--config=configs/prompt_lookup_smollm2.py",
+             "--gammas=2,4,8", f"--out={RESULTS_DIR}/benchmark_prompt_lookup_smollm2.json")),
+    Section("sweep", "sweep_smollm2/results.json", "sweep",
+            "Acceptance against γ over 32 held-out windows",
+            "16 Bible and 16 Shakespeare windows of 32 tokens from held-out books and plays, "
+            "48 new tokens each, all rows in one batch. α is over the drafted positions each "
+            "step reached, with the half-width of its 95% interval over the windows; the "
+            "prediction is (1 − α^(γ+1)) / (1 − α).",
+            ("scripts/sweep.py", "--config=configs/sweep_smollm2.py",
+             f"--workdir={RESULTS_DIR}/sweep_smollm2",
+             "--config.drafts=(('feature','saved:artifacts/smollm2_feature_draft'),)"),
+            needs_draft=True),
+    Section("tiny", "benchmark_tiny.json", "benchmark",
+            "The tiny random pair (`configs/tiny.py`)",
+            "A 4-layer d=128 random target with its own first layer as draft, batch 4: the "
+            "models are so small that the loop's fixed per-step work, not the models, sets "
+            "the speed. It checks the machinery, not the speed-up.",
+            ("scripts/benchmark.py", "--config=configs/tiny.py", "--gammas=1,2,3,4",
+             f"--out={RESULTS_DIR}/benchmark_tiny.json")),
+)
+
+
+# --------------------------------------------------------------------------- reading
+
+def load(results_dir: pathlib.Path) -> dict[str, dict]:
+  """{section anchor: parsed JSON} for every section whose file exists."""
+  out = {}
+  for s in SECTIONS:
+    path = results_dir / s.path
+    if path.exists():
+      try:
+        out[s.anchor] = json.loads(path.read_text())
+      except json.JSONDecodeError as e:
+        raise ValueError(f"result file {path} is not valid JSON: {e}") from e
+  return out
+
+
+def stamp_of(doc: dict) -> dict:
+  """The machine stamp of a result file (top level, or a sweep's meta)."""
+  stamp = doc.get("stamp") or doc.get("meta", {}).get("stamp")
+  if not stamp:
+    raise ValueError("result file has no machine stamp ('stamp' or 'meta.stamp'); "
+                     "re-measure it with a script that writes one")
+  return stamp
+
+
+def isa_summary(isa: list[str]) -> str:
+  """The widest vector extension: 'AMX', 'AVX-512', 'AVX2', 'AVX, no AVX2' or 'no AVX'."""
+  if any(f.startswith("amx") for f in isa):
+    return "AVX-512 and AMX"
+  if "avx512f" in isa:
+    return "AVX-512"
+  if "avx2" in isa:
+    return "AVX2, no AVX-512"
+  return "AVX, no AVX2" if "avx" in isa else "no AVX"
+
+
+def machine_short(stamp: dict) -> str:
+  """'AMD EPYC, 2 cores, AVX-512' (+ the accelerator)."""
+  text = f"{stamp['cpu']}, {stamp['cores']} cores, {isa_summary(stamp['isa'])}"
+  return text + (f", {stamp['accelerator']}" if stamp.get("accelerator") else "")
+
+
+def commit_short(stamp: dict) -> str:
+  commit = stamp.get("git_commit")
+  if not commit:
+    return "unknown commit"
+  return commit[:7] + (" (uncommitted changes)" if stamp.get("git_dirty") else "")
+
+
+def stamp_lines(stamp: dict, result_path: str) -> list[str]:
+  """The provenance list under each section's heading."""
+  devices = ", ".join(f"{d['count']} x {d['kind']}" for d in stamp["devices"])
+  memory = f"{stamp['memory_gb']:g} GiB" if stamp.get("memory_gb") else "memory unknown"
+  return [
+      f"- Command: `{stamp['command']}`",
+      f"- Machine: {stamp['cpu']}; {stamp['cores']} cores; ISA "
+      f"{', '.join(stamp['isa']) or 'flags unknown'}; {memory}; devices {devices}; "
+      f"{stamp['os']}",
+      f"- Code: commit {commit_short(stamp)}; jax {stamp['jax']}, jaxlib {stamp['jaxlib']}, "
+      f"Python {stamp['python']}",
+      f"- Date: {stamp['date_utc']}",
+      f"- Result file: [results/{result_path}](results/{result_path})",
+  ]
+
+
+# --------------------------------------------------------------------------- tables
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _num(x, fmt: str) -> str:
+  return "–" if x is None else format(x, fmt)
+
+
+def benchmark_table(doc: dict) -> list[str]:
+  meta, config = doc["meta"], doc["meta"]["config"]
+  v = meta.get("verify_cost", {})
+  lines = [f"Target `{config['target']}`, draft `{config['draft']}`, temperature "
+           f"{config['temperature']:g}, top-k {config['top_k']}, top-p {config['top_p']:g}, "
+           f"batch {config['batch_size']}, {config['max_new_tokens']} new tokens, seed "
+           f"{config['seed']}, median of {config['repeats']}. One target call "
+           f"{meta['target_call_ms']:.2f} ms; draft cost c = {meta['c']:.3f}; verify cost "
+           "v(k) = " + ", ".join(f"{x:.2f}" for x in v.values()) + f" for k = 1..{len(v)}.",
+           ""]
+  rows = [[str(r["gamma"]), r["verifier"], f"{r['ar_tokens_per_s']:.1f}",
+           f"{r['sd_tokens_per_s']:.1f}", f"**{r['speedup']:.2f}x**",
+           f"{r['acceptance_rate']:.3f}", f"{r['alpha']:.3f}",
+           f"{r['tokens_per_step']:.2f} ({r['predicted_tokens_per_step']:.2f})",
+           f"{r['predicted_speedup']:.2f}x"] for r in doc["rows"]]
+  return lines + _table(["γ", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "α",
+                         "tokens/step (pred.)", "predicted speedup"], rows)
+
+
+def sweep_table(doc: dict) -> list[str]:
+  config = doc["meta"]["config"]
+  timed = int(config.get("repeats", 0)) > 0
+  header = ["draft", "T", "γ", "α ± 95%", "accept", "tokens/step (pred.)"]
+  header += ["speedup (pred.)"] if timed else []
+  rows = []
+  for r in doc["grid"]:
+    row = [r["draft_name"], f"{r['temperature']:g}", str(r["gamma"]),
+           f"{r['alpha']:.3f} ± {r['alpha_ci95']:.3f}", f"{r['acceptance_rate']:.3f}",
+           f"{r['tokens_per_step']:.2f} ({r['predicted_tokens_per_step']:.2f})"]
+    if timed:
+      row.append(f"{_num(r.get('time_speedup'), '.2f')}x "
+                 f"({_num(r.get('time_predicted_speedup'), '.2f')}x)")
+    rows.append(row)
+  drafts = ", ".join(f"`{name}` = `{spec}`" for name, spec in config["drafts"])
+  lines = [f"Drafts {drafts}; prompts `{config['prompt_source']}` ({config['num_prompts']} x "
+           f"{config['prompt_tokens']} tokens), {config['max_new_tokens']} new tokens, verifier "
+           f"`{config['verifier']}`, seed {config['seed']}"
+           + ("; acceptance only (repeats = 0)." if not timed else
+              f"; speed-ups are medians of {config['repeats']}."), ""]
+  return lines + _table(header, rows)
+
+
+def fresh_clone_table(doc: dict) -> list[str]:
+  rows = []
+  for run in doc["runs"]:
+    printed = "; ".join(run.get("figures", [])) or "–"
+    rows.append([f"`{run['command']}`", minutes(run["seconds"]), str(run["returncode"]),
+                 printed])
+  return _table(["command", "wall time", "exit status", "printed"], rows)
+
+
+def measure_command(section: Section) -> str:
+  return f"python scripts/measure_results.py --only={section.anchor}"
+
+
+def minutes(seconds: float) -> str:
+  m, s = divmod(int(round(seconds)), 60)
+  return f"{m} min {s} s" if m else f"{s} s"
+
+
+TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table}
+
+
+# --------------------------------------------------------------------------- headlines
+
+def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
+  """(figure, value) pairs the README quotes from one result file."""
+  if section.kind == "fresh_clone":
+    return [(f"`{run['command']}` on a fresh clone",
+             minutes(run["seconds"]) + (f"; printed {'; '.join(run['figures'])}"
+                                        if run.get("figures") else ""))
+            for run in doc["runs"]]
+  if section.kind == "benchmark":
+    config = doc["meta"]["config"]
+    best = max(doc["rows"], key=lambda r: r["speedup"])
+    at_default = [r for r in doc["rows"] if r["gamma"] == config["gamma"]]
+    value = f"best {best['speedup']:.2f}x at γ = {best['gamma']} ({best['verifier']})"
+    if at_default and at_default[0] is not best:
+      value = f"{at_default[0]['speedup']:.2f}x at the config's γ = {config['gamma']}; " + value
+    value += f"; {best['tokens_per_step']:.2f} tokens per target call"
+    return [(section.title + ": speedup over autoregressive", value)]
+  grid = doc["grid"]
+  first = grid[0]["draft_name"]
+  width = max(r["gamma"] for r in grid if r["draft_name"] == first)
+  cells = [r for r in grid if r["draft_name"] == first and r["gamma"] == width]
+  value = "; ".join(f"T = {r['temperature']:g}: α {r['alpha']:.3f} ± {r['alpha_ci95']:.3f}, "
+                    f"{r['tokens_per_step']:.2f} tokens per target call" for r in cells)
+  return [(f"{section.title}, draft `{first}` at γ = {width}", value)]
+
+
+def readme_block(docs: dict[str, dict]) -> str:
+  """The Markdown between the README's results markers."""
+  rows = []
+  for s in SECTIONS:
+    link = f"[table](docs/results.md#{s.anchor})"
+    if s.anchor not in docs:
+      rows.append([s.title, f"not measured yet (`{measure_command(s)}`)", "–", "–", link])
+      continue
+    stamp = stamp_of(docs[s.anchor])
+    for figure, value in headline(s, docs[s.anchor]):
+      rows.append([figure, value, machine_short(stamp), commit_short(stamp), link])
+  return "\n".join(_table(["figure", "value", "machine", "commit", "full table"], rows))
+
+
+# --------------------------------------------------------------------------- the page
+
+def render_page(docs: dict[str, dict], figures: dict[str, str] | None = None) -> str:
+  """docs/results.md from the loaded result files; `figures`: {anchor: png path}."""
+  figures = figures or {}
+  lines = [
+      "# Results",
+      "",
+      "Generated by `make results` (`python scripts/results.py`) from the stamped result "
+      "files in [results/](results/); do not edit by hand. `make results-measure` "
+      "(`python scripts/measure_results.py`) measures them again. Each section names the "
+      "command that produced its table, the machine and the commit. Speed depends on the "
+      "CPU kind as much as on the code, so compare figures only on one machine. Hand-typed "
+      "tables of earlier commits, each with its machine and commit, are in "
+      "[results_archive.md](results_archive.md).",
+      "",
+      "Ratios are measured interleaved in one process (same model, prompts, settings and "
+      "seed; compile excluded; median of repeats). The predicted speedup is "
+      "E[tokens/step] / (γc + v(γ+1)) with the measured c and verify-cost curve v(k) "
+      "(Leviathan et al. §3 with v in place of 1).",
+  ]
+  for s in SECTIONS:
+    lines += ["", f'<a id="{s.anchor}"></a>', "", f"## {s.title}", "", s.about, ""]
+    if s.anchor not in docs:
+      lines.append(f"Not measured yet: `{measure_command(s)}` writes `{RESULTS_DIR}/{s.path}`.")
+      continue
+    doc = docs[s.anchor]
+    lines += stamp_lines(stamp_of(doc), s.path) + [""] + TABLES[s.kind](doc)
+    if s.anchor in figures:
+      lines += ["", f"![{s.title}]({figures[s.anchor]})"]
+  return "\n".join(lines) + "\n"
+
+
+def figure_paths(docs: dict[str, dict]) -> dict[str, str]:
+  """{anchor: png path relative to docs/} for the sections that get a plot."""
+  return {s.anchor: f"figures/results_{s.anchor}.png" for s in SECTIONS
+          if s.anchor in docs and s.kind in ("benchmark", "sweep")}
+
+
+def plot(section: Section, doc: dict, path: pathlib.Path) -> None:
+  """Speedup (benchmark) or tokens per target call (sweep) against γ, measured and
+  predicted; a PNG without timestamps (the same JSON gives the same bytes on one
+  matplotlib version)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
+  if section.kind == "benchmark":
+    for verifier in sorted({r["verifier"] for r in doc["rows"]}):
+      rows = [r for r in doc["rows"] if r["verifier"] == verifier]
+      g = [r["gamma"] for r in rows]
+      ax.plot(g, [r["speedup"] for r in rows], "o-", label=f"measured ({verifier})")
+      ax.plot(g, [r["predicted_speedup"] for r in rows], "x--", label=f"predicted ({verifier})")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("speedup over autoregressive")
+  else:
+    for name in sorted({r["draft_name"] for r in doc["grid"]}):
+      for t in sorted({r["temperature"] for r in doc["grid"]}):
+        rows = [r for r in doc["grid"] if r["draft_name"] == name and r["temperature"] == t]
+        g = [r["gamma"] for r in rows]
+        ax.plot(g, [r["tokens_per_step"] for r in rows], "o-", label=f"{name} T={t:g}")
+        ax.plot(g, [r["predicted_tokens_per_step"] for r in rows], "x--",
+                label=f"{name} T={t:g} (pred.)")
+    ax.set_ylabel("tokens per target call")
+  gammas = sorted({r["gamma"] for r in doc.get("rows", doc.get("grid", []))})
+  ax.set_xticks(gammas)
+  ax.set_xlabel("γ")
+  ax.set_title(section.title.replace("`", ""), fontsize=8)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, format="png", metadata={"Software": None})
+  plt.close(fig)
+
+
+def with_readme_block(readme: str, block: str) -> str:
+  """README text with the text between BEGIN and END replaced by `block`."""
+  if readme.count(BEGIN) != 1 or readme.count(END) != 1:
+    raise ValueError(f"{README} must hold exactly one {BEGIN} and one {END}")
+  head, rest = readme.split(BEGIN)
+  _, tail = rest.split(END)
+  return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+
+
+def expected_files(root: pathlib.Path = ROOT) -> dict[str, str]:
+  """{path relative to root: text} of every generated Markdown file."""
+  docs = load(root / RESULTS_DIR)
+  figures = figure_paths(docs)
+  return {PAGE: render_page(docs, figures),
+          README: with_readme_block((root / README).read_text(), readme_block(docs))}
+
+
+def write(root: pathlib.Path = ROOT, *, plots: bool = True) -> list[str]:
+  """Writes docs/results.md, the README block and (with plots) the PNGs; returns paths."""
+  from specdec_jax.io.atomic import atomic_write, atomic_write_text
+
+  written = []
+  for rel, text in expected_files(root).items():
+    atomic_write_text(root / rel, text)
+    written.append(rel)
+  if plots:
+    docs = load(root / RESULTS_DIR)
+    for s in SECTIONS:
+      rel = figure_paths(docs).get(s.anchor)
+      if rel is None:
+        continue
+      out = root / "docs" / rel
+      out.parent.mkdir(parents=True, exist_ok=True)
+      atomic_write(out, lambda f, s=s: plot(s, docs[s.anchor], f))
+      written.append(f"docs/{rel}")
+  return written
+
+
+def stale(root: pathlib.Path = ROOT) -> list[str]:
+  """Generated Markdown files that differ from what the result JSON gives."""
+  return [rel for rel, text in expected_files(root).items()
+          if not (root / rel).exists() or (root / rel).read_text() != text]
