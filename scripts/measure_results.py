@@ -8,8 +8,8 @@ stamped JSON under docs/results/; `make results` then regenerates the page.
 Each section of `specdec_jax.results_page.SECTIONS` names its command; this script runs
 them one after another (each a subprocess, so each stamps its own command line) and prints
 the wall time of each. Timings are only worth committing from a machine with nothing else
-running. The SmolLM2 sections need the feature draft that `make run` distils into
-artifacts/ (about 10 minutes on a 2-core CPU the first time).
+running. The SmolLM2 sections measure the draft of configs/smollm2_135m.py, which
+`make run` distils on first use (about 10 minutes on a 2-core CPU).
 
 Expected on a 2-core CPU: tiny ~1 min; each SmolLM2 benchmark 2-4 min; the sweep
 (acceptance only, 32 windows, γ = 1..4, T = 0 and 1) 5-10 min; fresh-clone (a `git clone`
@@ -34,7 +34,6 @@ from specdec_jax.io.machine import machine_stamp
 _ONLY = flags.DEFINE_list("only", None, "section anchors to measure (default: all but "
                           "fresh-clone); one of " + ", ".join(s.anchor for s in
                                                                 results_page.SECTIONS))
-_DRAFT = "artifacts/smollm2_feature_draft"
 
 
 def sections(names):
@@ -48,10 +47,26 @@ def sections(names):
   return [known[n] for n in names]
 
 
-def run_script(section, root: pathlib.Path) -> float:
+def default_draft() -> str:
+  """The draft of configs/smollm2_135m.py (what `make run` makes and the page measures)."""
+  from configs import smollm2_135m
+  return smollm2_135m.get_config().draft
+
+
+def check_draft(draft: str, root: pathlib.Path) -> None:
+  """A clear error when a 'saved:<dir>' draft has not been made yet."""
+  if draft.startswith("saved:"):
+    path = root / draft[len("saved:"):]
+    if not (path / "model.json").exists():
+      raise ValueError(f"draft {draft!r} does not exist: run `make run` first (it distils "
+                       "the draft the SmolLM2 sections measure)")
+
+
+def run_script(section, root: pathlib.Path, draft: str) -> float:
   """Runs the section's command from the repository root; returns its wall time (s)."""
-  cmd = [sys.executable, *section.argv]
-  print(f"[{section.anchor}] python {' '.join(section.argv)}", flush=True)
+  argv = [a.replace("{draft}", draft) for a in section.argv]
+  cmd = [sys.executable, *argv]
+  print(f"[{section.anchor}] python {' '.join(argv)}", flush=True)
   env = {**os.environ, "PYTHONPATH": str(root)}
   clock = time.perf_counter()
   subprocess.run(cmd, cwd=root, env=env, check=True)
@@ -97,15 +112,15 @@ def main(argv):
   del argv
   root = pathlib.Path(_bootstrap.ROOT)
   chosen = sections(_ONLY.value)
-  if any(s.needs_draft for s in chosen) and not (root / _DRAFT / "model.json").exists():
-    raise ValueError(f"{_DRAFT} does not exist: run `make run` first (it distils the "
-                     "feature draft the SmolLM2 sections measure)")
+  draft = default_draft()
+  if any(s.needs_draft for s in chosen):
+    check_draft(draft, root)
   (root / results_page.RESULTS_DIR).mkdir(parents=True, exist_ok=True)
   for section in chosen:
     if section.kind == "fresh_clone":
       seconds = fresh_clone(root, root / results_page.RESULTS_DIR / section.path)
     else:
-      seconds = run_script(section, root)
+      seconds = run_script(section, root, draft)
     print(f"[{section.anchor}] done in {seconds:.0f} s", flush=True)
   print("now `make results` regenerates docs/results.md and the README block")
 

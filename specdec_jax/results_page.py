@@ -40,8 +40,10 @@ class Section:
   kind: str  # 'benchmark' | 'sweep' | 'fresh_clone'
   title: str
   about: str  # one paragraph: what was measured, how to read it
-  argv: tuple[str, ...] = ()  # the measuring command after `python` (scripts/measure_results.py)
-  needs_draft: bool = False  # needs make run's feature draft in artifacts/
+  # The measuring command after `python` (scripts/measure_results.py); '{draft}' stands for
+  # configs/smollm2_135m.py's draft, which sections with needs_draft measure.
+  argv: tuple[str, ...] = ()
+  needs_draft: bool = False
 
 
 SECTIONS = (
@@ -77,7 +79,7 @@ SECTIONS = (
             "prediction is (1 − α^(γ+1)) / (1 − α).",
             ("scripts/sweep.py", "--config=configs/sweep_smollm2.py",
              f"--workdir={RESULTS_DIR}/sweep_smollm2",
-             "--config.drafts=(('feature','saved:artifacts/smollm2_feature_draft'),)"),
+             "--config.drafts=(('feature','{draft}'),)"),
             needs_draft=True),
     Section("tiny", "benchmark_tiny.json", "benchmark",
             "The tiny random pair (`configs/tiny.py`)",
