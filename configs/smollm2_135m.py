@@ -38,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
+  # A prompt-set JSON (specdec_jax.prompt_sets), e.g. configs/prompts/heldout.json: the
+  # benchmark runs each prompt alone and reports per domain; '' = c.prompts above.
+  c.prompt_set = ""
   c.gamma = 2  # best of 1-4 for the feature draft at T=0 on machine A (docs/results_archive.md)
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 0.0

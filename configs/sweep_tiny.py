@@ -37,6 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
   # c.prompt_tokens tokens from held-out documents, split as distillation splits).
   c.prompt_source = "config"
   c.prompts = ("The quick brown fox", "jumps over", "the lazy dog.", "Lorem ipsum")
+  c.prompt_set = ""  # a prompt-set JSON (prompt_sets): replaces the prompts above; '' = off
   c.chat = False
   c.num_prompts = 4
   c.prompt_tokens = 32

@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.unstacked = True
   c.chat = False
   c.prompts = ("The quick brown fox", "jumps over", "the lazy dog.", "Lorem ipsum")
+  c.prompt_set = ""  # a prompt-set JSON (benchmark: each prompt alone); '' = c.prompts
   c.gamma = 3
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 1.0

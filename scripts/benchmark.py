@@ -4,6 +4,9 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
   python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=truncate:2
   python scripts/benchmark.py --config=configs/smollm2_135m.py --verifiers=token,block
   python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py   # n-gram draft
+  python scripts/benchmark.py --config=configs/heldout_smollm2.py --out=FILE.json
+  python scripts/benchmark.py --config=configs/tiny.py \
+      --config.prompt_set=configs/prompts/heldout.json          # any config, any set
 
 Same model, prompts, settings and seed for both samplers; compile time excluded
 (a warm-up call each); the timed calls alternate and the median of
@@ -11,6 +14,13 @@ Same model, prompts, settings and seed for both samplers; compile time excluded
 (each against its own interleaved autoregressive timing). Also prints the measured acceptance, α, the step's
 compile time, the cost coefficient c, the verify-cost curve v(k) and the
 Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
+
+With --config.prompt_set (a JSON file, `specdec_jax.prompt_sets`; '' = the config's own
+prompts), every prompt of the set runs alone at batch 1, timed side by side as above,
+and each γ prints one line per prompt and a table per domain and overall: speedup as
+the geometric mean over prompts with the 95% Student-t interval of the mean log-ratio,
+α and acceptance as means over prompts with 95% Student-t intervals
+(`studies.side_by_side_per_prompt`). The JSON rows carry `prompts` and `domains`.
 """
 
 import itertools
@@ -21,6 +31,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
+from specdec_jax import prompt_sets
 from specdec_jax import speculative as spec
 from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
@@ -51,10 +62,35 @@ def step_compile_seconds(pair, config, gamma: int, verifier: str) -> float:
   return time.perf_counter() - t0
 
 
+def prompt_set_row(pair, config, records, prompts, gamma: int, verifier: str, c: float,
+                   v: dict) -> dict:
+  """Every prompt of a set alone at batch 1; prints its lines and the per-domain table."""
+  res = studies.side_by_side_per_prompt(
+      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config, prompts,
+      domains=[r.domain for r in records], ids=[r.id for r in records], gamma=gamma,
+      max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
+      repeats=config.repeats, vocab_size=pair.vocab_size, verifier=verifier)
+  for record, p in zip(records, res["prompts"]):
+    p["chat"] = record.chat
+  print(f"gamma {gamma}  verifier {verifier}")
+  print("prompt | domain | prompt tokens | AR tok/s | SD tok/s | speedup | accept | alpha | "
+        "tok/step")
+  for p in res["prompts"]:
+    print(f"{p['id']} | {p['domain']}{' (chat)' if p['chat'] else ''} | {p['prompt_tokens']} | "
+          f"{p['ar_tokens_per_s']:.1f} | {p['sd_tokens_per_s']:.1f} | {p['speedup']:.2f}x | "
+          f"{p['acceptance_rate']:.3f} | {p['alpha']:.3f} | {p['tokens_per_step']:.2f}")
+  print(prompt_sets.format_summary(res["domains"]))
+  alpha = res["domains"][-1]["alpha"]  # the mean over all prompts
+  return dict(gamma=gamma, verifier=verifier, c=c, v=v[gamma + 1],
+              predicted_speedup=studies.predicted_speedup(alpha, gamma, c, v[gamma + 1]), **res)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   config = _CONFIG.value
+  prompt_set = str(config.get("prompt_set", ""))
+  records = prompt_sets.load_prompt_set(prompt_set) if prompt_set else None
   pair = load_pair(config)
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
@@ -62,8 +98,9 @@ def main(argv):
   verifiers = list(_VERIFIERS.value or [pair.verifier])
   for name in verifiers:
     spec.resolve_verifier(name)  # a clear error for an unknown name, before any work
-  batch = len(pair.prompts)
-  context = int(np.mean([len(p) for p in pair.prompts])) + config.max_new_tokens // 2
+  prompts = prompt_sets.encode(pair.tokenizer, records) if records else pair.prompts
+  batch = 1 if records else len(prompts)  # a prompt set runs prompt by prompt
+  context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
                                pair.draft_config, batch=batch, context=context)
   v = studies.verify_cost_curve(pair.target_params, pair.target_config, batch=batch,
@@ -73,14 +110,19 @@ def main(argv):
   print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
         f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
         f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}  "
-        f"verifiers {','.join(verifiers)}")
+        f"verifiers {','.join(verifiers)}"
+        + (f"  prompt set {prompt_set} ({len(records)} prompts, batch 1)" if records else ""))
   print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
         + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
   rows = []
   header = ("gamma", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "alpha", "tok/step",
             "pred tok/step", "pred speedup", "step compile s")
-  print(" | ".join(header))
+  if not records:
+    print(" | ".join(header))
   for gamma, verifier in itertools.product(gammas, verifiers):
+    if records:
+      rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v))
+      continue
     compile_s = step_compile_seconds(pair, config, gamma, verifier)
     res = studies.side_by_side(
         pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
@@ -100,6 +142,7 @@ def main(argv):
   if _OUT.value:
     meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
                 verify_cost={str(k): x for k, x in v.items()})
+    meta["prompt_set"] = prompt_set
     atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
                       default=str)
 

@@ -3,11 +3,15 @@ r"""Acceptance and speed against γ over drafts, temperatures and batch sizes.
   PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_tiny.py --workdir=DIR
   PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_smollm2.py \
       --workdir=runs/sweep_smollm2
+  PYTHONPATH=. .venv/bin/python scripts/sweep.py --config=configs/sweep_smollm2.py \
+      --config.prompt_set=configs/prompts/heldout.json --workdir=runs/sweep_heldout
 
 Writes DIR/results.csv (deterministic: byte-identical for the same config, seed and
 code), DIR/results_timing.csv, batch.csv, batch_timing.csv, best_gamma.csv,
 results.json and the plots tokens_per_step.png, speedup.png, accept_by_position.png
-(see specdec_jax/sweep.py). Prints the grid as a table and the wall time.
+(see specdec_jax/sweep.py). Prints the grid as a table and the wall time. With
+--config.prompt_set, also a table per cell of α and speedup per domain and overall,
+each with its 95% interval over prompts (results.json "domains" and "per_prompt").
 """
 
 import time
@@ -29,6 +33,8 @@ def main(argv):
   t0 = time.perf_counter()
   results = sweep.run_sweep(_CONFIG.value, _WORKDIR.value)
   print(sweep.summary_table(results["grid"]))
+  if "domains" in results:
+    print(sweep.domain_tables(results["domains"]))
   for row in results["batch"]:
     print(f"batch {row['batch']:>2}: speedup {row['time_speedup']:.2f}x  "
           f"SD {row['time_sd_tokens_per_s']:.0f} tok/s  AR {row['time_ar_tokens_per_s']:.0f} "

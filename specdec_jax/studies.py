@@ -187,3 +187,31 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
       tokens_per_step=out.tokens_per_step(),
       predicted_tokens_per_step=expected_tokens_per_step(alpha, gamma), repeats=repeats)
   return (summary, out) if return_results else summary
+
+
+def side_by_side_per_prompt(target_params, target_config: ModelConfig, draft_params,
+                            draft_config: ModelConfig, prompts, *, domains, ids=None,
+                            **kw) -> dict:
+  """`side_by_side` on each prompt alone (batch 1), then a summary per domain and overall.
+
+  prompts [P] token-id lists; domains [P] and ids [P] (default '0'..'P-1') label them;
+  kw as `side_by_side` (gamma, max_new_tokens, sampling, ...). Returns dict(prompts=[one
+  dict per prompt: id, domain, prompt_tokens, tokens and the SideBySide fields],
+  domains=`prompt_sets.domain_summary` rows: speedup as a geometric mean with the
+  t-interval of the mean log-ratio, α and acceptance as means with t-intervals).
+  """
+  from specdec_jax import prompt_sets
+  ids = [str(i) for i in range(len(prompts))] if ids is None else list(ids)
+  if not len(prompts) == len(domains) == len(ids):
+    raise ValueError(f"need one domain and id per prompt: {len(prompts)} prompts, "
+                     f"{len(domains)} domains, {len(ids)} ids")
+  rows = []
+  for pid, domain, prompt in zip(ids, domains, prompts):
+    res, out = side_by_side(target_params, target_config, draft_params, draft_config,
+                            [prompt], return_results=True, **kw)
+    rows.append(dict(id=pid, domain=domain, prompt_tokens=len(prompt),
+                     tokens=int(out.lengths.sum()), **res.to_dict()))
+  summary = prompt_sets.domain_summary(
+      domains, speedup=[r["speedup"] for r in rows], alpha=[r["alpha"] for r in rows],
+      acceptance=[r["acceptance_rate"] for r in rows])
+  return dict(prompts=rows, domains=summary)

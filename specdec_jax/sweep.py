@@ -10,6 +10,12 @@ study, all from one config (see configs/sweep_tiny.py, configs/sweep_smollm2.py)
                       autoregressive decoding, predicted speedup E / (γ c + v(γ+1))
   per draft           c = draft step / target step; per target: v(k) (measured once)
   per (draft, T)      best γ measured and predicted
+  per domain          with config.prompt_set (a JSON of prompts with domains,
+                      `prompt_sets`): per cell and domain and over all prompts, α as the
+                      mean over prompts and speedup as the geometric mean over prompts
+                      (each prompt then runs and is timed alone at batch 1), each with
+                      its 95% Student-t interval over prompts: results.json "domains",
+                      per prompt "per_prompt"
   per batch size      tokens/s, speedup, idle row-steps (a finished row while the loop
                       still runs), tokens/step per row vs per loop step
 
@@ -34,7 +40,7 @@ import flax
 import jax
 import numpy as np
 
-from specdec_jax import loading, studies
+from specdec_jax import loading, prompt_sets, studies
 from specdec_jax.loading import Models
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import git_state, machine_stamp
@@ -87,8 +93,18 @@ def heldout_prompts(tokenizer, corpus: str, *, num: int, prompt_tokens: int,
   return out
 
 
+def prompt_set(config) -> list[prompt_sets.Prompt] | None:
+  """The prompts of config.prompt_set (a JSON file), None where it is '' or absent."""
+  path = str(config.get("prompt_set", ""))
+  return prompt_sets.load_prompt_set(path) if path else None
+
+
 def load_prompts(config, tokenizer) -> list[list[int]]:
-  """config.prompt_source: 'config' (config.prompts) or 'heldout:<corpus>'."""
+  """config.prompt_set if set (each prompt templated as it says), else config.prompt_source:
+  'config' (config.prompts) or 'heldout:<corpus>'."""
+  records = prompt_set(config)
+  if records is not None:
+    return prompt_sets.encode(tokenizer, records)
   source = config.prompt_source
   if source == "config":
     return loading.encode_prompts(tokenizer, config.prompts, chat=bool(config.chat))
@@ -135,7 +151,7 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
   tokens = int(lengths.sum())
   uncut = sum(int((r.accepted[r.accepted >= 0] + 1).sum()) for r in results)  # Σ (n + 1)
   per_row = [int(l) / int(s) for r in results for l, s in zip(r.lengths, r.steps_per_row) if s]
-  row_alpha = [float(a) for r in results for a in _row_alphas(r)]
+  row_alpha = _prompt_alphas(results)
   with np.errstate(invalid="ignore", divide="ignore"):
     return dict(
         rows=int(lengths.size), tokens=tokens,
@@ -143,7 +159,7 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
         idle_fraction=idle / loop_row_steps if loop_row_steps else math.nan,
         acceptance_rate=int(accepted.sum()) / total_reached if total_reached else math.nan,
         alpha=alpha,
-        alpha_ci95=_ci95(row_alpha),
+        alpha_ci95=_ci95(row_alpha[~np.isnan(row_alpha)]),
         tokens_per_step=tokens / row_steps if row_steps else math.nan,
         tokens_per_step_uncut=uncut / row_steps if row_steps else math.nan,
         predicted_tokens_per_step=studies.expected_tokens_per_step(alpha, gamma),
@@ -154,12 +170,16 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
         reached_by_position=reached.tolist())
 
 
-def _row_alphas(result: GenerationResult) -> np.ndarray:
-  """Per row (prompt window): mean β over its reached drafted positions."""
-  reached = result.reached()
-  counts = reached.sum(axis=(1, 2))
-  sums = np.where(reached, result.accept_prob, 0.0).sum(axis=(1, 2))
-  return sums[counts > 0] / counts[counts > 0]
+def _prompt_alphas(results: Sequence[GenerationResult]) -> np.ndarray:
+  """float [rows]: each row's (prompt's) mean β over its reached drafted positions, NaN
+  where it reached none."""
+  out = []
+  for r in results:
+    reached = r.reached()
+    counts = reached.sum(axis=(1, 2))
+    sums = np.where(reached, r.accept_prob, 0.0).sum(axis=(1, 2), dtype=np.float64)
+    out.append(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan))
+  return np.concatenate(out)
 
 
 def _ci95(values) -> float:
@@ -211,6 +231,8 @@ class _Runner:
     self.eos_id = models.tokenizer.eos_id if config.stop_at_eos else None
     self.env = environment()
     self._ar_warm = {}
+    self.records = prompt_set(config)  # None, or the prompt set: per-domain rows below
+    self.domain_rows, self.prompt_rows = [], []
 
   def _common(self, temperature: float, max_new_tokens: int) -> dict:
     sampling = SamplingConfig(temperature=float(temperature), top_k=int(self.config.top_k),
@@ -238,7 +260,9 @@ class _Runner:
     fn = lambda: [autoregressive_generate(m.target_params, prompts,  # noqa: E731
                                           target_config=m.target_config, row_ids=ids, **kw)
                   for ids, prompts in groups]
-    key = (float(temperature), max_new_tokens, tuple(tuple(map(len, p)) for _, p in groups))
+    # Keyed by the rows' ids and tokens: calls of one shape may hold other prompts.
+    key = (float(temperature), max_new_tokens,
+           tuple((tuple(map(int, ids)), tuple(map(tuple, p))) for ids, p in groups))
     if key not in self._ar_warm:
       self._ar_warm[key] = fn()
     return fn, self._ar_warm[key]
@@ -285,28 +309,75 @@ def _expand_positions(stats: dict, width: int) -> dict:
   return out
 
 
-def _measure_cell(runner: _Runner, name: str, groups, gamma: int, temperature: float, config):
-  """(pooled statistics, time_ fields) of one draft/γ/T on `groups`, both samplers timed."""
+def _run_cell(runner: _Runner, name: str, groups, gamma: int, temperature: float, config):
+  """(speculative results, time_ fields) of one draft/γ/T on `groups`, both samplers timed."""
   ar_fn, ar_results = runner.autoregressive(groups, temperature=temperature,
                                             max_new_tokens=config.max_new_tokens)
   sd_fn = runner.speculative(name, groups, gamma=gamma, temperature=temperature,
                              max_new_tokens=config.max_new_tokens)
-  results, timing = _timed(sd_fn, ar_fn, ar_results, int(config.repeats))
+  return _timed(sd_fn, ar_fn, ar_results, int(config.repeats))
+
+
+def _measure_cell(runner: _Runner, name: str, groups, gamma: int, temperature: float, config):
+  """(pooled statistics, time_ fields) of one draft/γ/T on `groups`, both samplers timed."""
+  results, timing = _run_cell(runner, name, groups, gamma, temperature, config)
+  return generation_stats(results, gamma), timing
+
+
+def _timed_per_prompt(config) -> bool:
+  """A prompt set with timing: every prompt runs and is timed alone (batch 1)."""
+  return bool(config.get("prompt_set", "")) and int(config.repeats) > 0
+
+
+def _measure_prompts(runner: _Runner, name: str, groups, gamma: int, temperature: float,
+                     config) -> tuple[dict, dict]:
+  """`_measure_cell` over a prompt set; adds this cell's rows to runner.prompt_rows (per
+  prompt: α, time_speedup) and runner.domain_rows (`prompt_sets.domain_summary`, the
+  speedup fields prefixed time_). Timed: each prompt alone, the pooled time_ fields from
+  the sums of seconds and tokens."""
+  prompts = [p for _, ps in groups for p in ps]
+  if _timed_per_prompt(config):
+    cells = [_run_cell(runner, name, [(np.array([i]), [p])], gamma, temperature, config)
+             for i, p in enumerate(prompts)]
+    results = [r for rs, _ in cells for r in rs]
+    speedups = [t["time_speedup"] for _, t in cells]
+    ar_s, sd_s = (sum(t[k] for _, t in cells) for k in ("time_ar_s", "time_sd_s"))
+    ar_tokens = sum(t["time_ar_tokens_per_s"] * t["time_ar_s"] for _, t in cells)
+    sd_tokens = sum(t["time_sd_tokens_per_s"] * t["time_sd_s"] for _, t in cells)
+    timing = dict(time_ar_s=ar_s, time_sd_s=sd_s, time_ar_tokens_per_s=ar_tokens / ar_s,
+                  time_sd_tokens_per_s=sd_tokens / sd_s,
+                  time_speedup=(sd_tokens / sd_s) / (ar_tokens / ar_s),
+                  time_compile_s=sum(t["time_compile_s"] for _, t in cells))
+  else:
+    results, timing = _run_cell(runner, name, groups, gamma, temperature, config)
+    speedups = None
+  alphas = _prompt_alphas(results)
+  cell = dict(draft_name=name, temperature=float(temperature), gamma=int(gamma))
+  for i, rec in enumerate(runner.records):
+    runner.prompt_rows.append(dict(**cell, id=rec.id, domain=rec.domain, chat=rec.chat,
+                                   prompt_tokens=len(prompts[i]), alpha=float(alphas[i]),
+                                   time_speedup=speedups[i] if speedups else math.nan))
+  summary = prompt_sets.domain_summary([r.domain for r in runner.records], speedup=speedups,
+                                       alpha=alphas)
+  runner.domain_rows += [{**cell, **{("time_" + k if k.startswith("speedup") else k): v
+                                     for k, v in row.items()}} for row in summary]
   return generation_stats(results, gamma), timing
 
 
 def run_grid(models: Models, config, prompts, costs: dict, runner: _Runner, bar=None) -> list:
   """One row per (draft, temperature, γ) cell; deterministic fields, then time_ fields."""
-  groups = _groups(prompts, int(config.grid_batch))
+  batch = 1 if _timed_per_prompt(config) else int(config.grid_batch) or len(prompts)
+  groups = _groups(prompts, batch)
   width = max(config.gammas)
+  measure = _measure_cell if runner.records is None else _measure_prompts
   rows = []
   for name, temperature, gamma in itertools.product(models.drafts, config.temperatures,
                                                     config.gammas):
-    stats, timing = _measure_cell(runner, name, groups, gamma, temperature, config)
+    stats, timing = measure(runner, name, groups, gamma, temperature, config)
     row = dict(kind="grid", draft_name=name, draft=models.drafts[name][0],
                temperature=float(temperature), gamma=int(gamma),
                **_cell_config(config, runner.env), num_prompts=len(prompts),
-               batch=int(config.grid_batch) or len(prompts), **_expand_positions(stats, width))
+               batch=batch, **_expand_positions(stats, width))
     row.update(timing)
     row.update(_predictions(stats, gamma, costs["time_c"][name], costs["time_v"][gamma + 1]))
     rows.append(row)
@@ -373,7 +444,8 @@ def _cell_config(config, env: dict) -> dict:
   """The settings every row carries besides its cell's own."""
   return dict(target=config.target, tokenizer=config.tokenizer, top_k=int(config.top_k),
               top_p=float(config.top_p), max_new_tokens=int(config.max_new_tokens),
-              prompt_source=config.prompt_source, stop_at_eos=bool(config.stop_at_eos),
+              prompt_source=config.prompt_source,
+              prompt_set=str(config.get("prompt_set", "")), stop_at_eos=bool(config.stop_at_eos),
               dtype=config.dtype, seed=int(config.seed),
               verifier=str(config.get("verifier", DEFAULT_VERIFIER)), **env)
 
@@ -522,7 +594,7 @@ def run_sweep(config, workdir, *, progress: bool = True) -> dict:
     raise ValueError(f"repeats must be >= 0 (0 = acceptance only), got {config.repeats}")
   models = load_models(config)
   prompts = load_prompts(config, models.tokenizer)
-  grid_batch = int(config.grid_batch) or len(prompts)
+  grid_batch = 1 if _timed_per_prompt(config) else int(config.grid_batch) or len(prompts)
   context = _context(prompts, config.max_new_tokens)
   costs = measure_costs(models, batch=grid_batch, context=context,
                         max_tokens=max(config.gammas) + 1, repeats=int(config.cost_repeats))
@@ -535,6 +607,8 @@ def run_sweep(config, workdir, *, progress: bool = True) -> dict:
   results = dict(grid=grid, batch=batch, best_gamma=best_gammas(grid, costs), costs=costs,
                  meta=dict(config=config.to_dict(), prompts=prompts, **runner.env,
                            stamp=machine_stamp()))
+  if runner.records is not None:
+    results.update(domains=runner.domain_rows, per_prompt=runner.prompt_rows)
   write_outputs(workdir, results)
   if config.plots:
     results["plots"] = plot(workdir, grid)
@@ -552,4 +626,15 @@ def summary_table(grid: list[dict]) -> str:
                  f"{r['tokens_per_step']:.2f}  {r['tokens_per_step_uncut']:.2f}  "
                  f"{r['predicted_tokens_per_step']:.2f}          "
                  f"{r['time_speedup']:.2f} / {r['time_predicted_speedup']:.2f}")
+  return "\n".join(lines)
+
+
+def domain_tables(rows: list[dict]) -> str:
+  """results["domains"] as one `prompt_sets.format_summary` table per cell."""
+  lines = []
+  keyfn = lambda r: (r["draft_name"], r["temperature"], r["gamma"])  # noqa: E731
+  for (name, temperature, gamma), cell in itertools.groupby(rows, key=keyfn):
+    lines.append(f"draft {name}  T={temperature:g}  γ={gamma}")
+    lines.append(prompt_sets.format_summary(
+        [{k.removeprefix("time_"): v for k, v in r.items()} for r in cell]))
   return "\n".join(lines)

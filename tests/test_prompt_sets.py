@@ -1,9 +1,12 @@
-"""Prompt sets: the held-out set's schema and domains, no leak from the training text, and
-the per-domain statistics on known numbers."""
+"""Prompt sets: the held-out set's schema and domains, no leak from the training text, the
+per-domain statistics on known numbers, and the per-domain benchmark end to end."""
 
 import json
 import math
+import os
 import pathlib
+import subprocess
+import sys
 import sysconfig
 from collections import Counter
 
@@ -152,3 +155,84 @@ def test_domain_summary_groups_by_domain_and_over_all():
   with pytest.raises(ValueError, match=r"alpha needs one value per prompt \(4\)"):
     prompt_sets.domain_summary(["a"] * 4, alpha=[0.5])
   assert "speedup" in prompt_sets.format_summary(rows).splitlines()[0]
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+  """(path, prompts) of a 4-prompt set in 2 domains, all of one byte length (one compile
+  per sampler at batch 1)."""
+  texts = {"prose": ("The cat sat on a mat.", "A dog ran in the sun."),
+           "code": ("x = [i*2 for i in ys]", "def g(a):\n   return a")}
+  assert len({len(t) for ts in texts.values() for t in ts}) == 1
+  prompts = [dict(id=f"{d}-{i}", domain=d, chat=(d == "code" and i == 1), text=t,
+                  source="test") for d, ts in texts.items() for i, t in enumerate(ts)]
+  path = tmp_path_factory.mktemp("set") / "set.json"
+  path.write_text(json.dumps({"prompts": prompts}))
+  return path, prompts
+
+
+def test_benchmark_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
+  """scripts/benchmark.py on the tiny random pair over the 4-prompt set: per-prompt rows,
+  per-domain and overall summaries in the JSON."""
+  path, prompts = tiny_set
+  out = tmp_path / "bench.json"
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+      [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--config=configs/tiny.py",
+       f"--config.prompt_set={path}", "--config.max_new_tokens=6", "--config.repeats=1",
+       "--gammas=1",
+       f"--out={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "scripture" not in proc.stdout and "prose" in proc.stdout
+  doc = json.loads(out.read_text())
+  assert doc["meta"]["prompt_set"] == str(path)
+  (row,) = doc["rows"]  # one gamma, one verifier
+  assert [p["id"] for p in row["prompts"]] == [p["id"] for p in prompts]
+  for p in row["prompts"]:
+    assert p["batch"] == 1 and p["speedup"] > 0 and 0 <= p["alpha"] <= 1
+    assert p["chat"] == (p["id"] == "code-1")
+    assert p["tokens"] == 6
+  assert [d["domain"] for d in row["domains"]] == ["prose", "code", "all"]
+  for d in row["domains"]:
+    for name in ("speedup", "alpha", "acceptance"):
+      assert d[f"{name}_lo"] <= d[name] <= d[f"{name}_hi"], (d, name)
+    assert 0 <= d["alpha_lo"] and d["alpha_hi"] <= 1
+  assert row["domains"][-1]["prompts"] == 4
+  assert row["domains"][-1]["speedup"] == pytest.approx(
+      math.exp(np.mean([math.log(p["speedup"]) for p in row["prompts"]])))
+
+
+@pytest.mark.slow  # a whole tiny sweep (make test-all); the benchmark above runs in make test
+def test_sweep_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
+  """The tiny sweep over the 4-prompt set: each prompt timed alone, α and speedup per
+  domain and overall in results.json; the pooled grid row agrees with the per-prompt α."""
+  from configs import sweep_tiny
+  from specdec_jax import sweep
+  path, prompts = tiny_set
+  c = sweep_tiny.get_config()
+  c.drafts = (("trunc2", "truncate:2"),)
+  c.gammas, c.temperatures = (2,), (1.0,)
+  c.max_new_tokens, c.repeats, c.cost_repeats = 6, 1, 2
+  c.batch_sizes, c.plots = (), False
+  c.prompt_set = str(path)
+  c.lock()
+  results = sweep.run_sweep(c, tmp_path, progress=False)
+  doc = json.loads((tmp_path / "results.json").read_text())
+  (grid,) = doc["grid"]
+  assert grid["batch"] == 1 and grid["num_prompts"] == 4 and grid["prompt_set"] == str(path)
+  per = doc["per_prompt"]
+  assert [p["id"] for p in per] == [p["id"] for p in prompts]
+  assert all(p["time_speedup"] > 0 and 0 <= p["alpha"] <= 1 for p in per)
+  assert [d["domain"] for d in doc["domains"]] == ["prose", "code", "all"]
+  everything = doc["domains"][-1]
+  assert everything["prompts"] == 4 and everything["draft_name"] == "trunc2"
+  assert everything["alpha"] == pytest.approx(np.mean([p["alpha"] for p in per]), abs=1e-5)
+  assert everything["time_speedup"] == pytest.approx(
+      math.exp(np.mean([math.log(p["time_speedup"]) for p in per])), rel=1e-4)
+  for d in doc["domains"]:
+    assert d["alpha_lo"] <= d["alpha"] <= d["alpha_hi"]
+    assert d["time_speedup_lo"] <= d["time_speedup"] <= d["time_speedup_hi"]
+  table = sweep.domain_tables(results["domains"])
+  assert "trunc2" in table and "prose" in table and "all" in table
