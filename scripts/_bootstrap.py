@@ -24,9 +24,48 @@ def is_user_error(exc: BaseException) -> bool:
   return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_OWN_CODE)
 
 
+def _flag_values(argv: list[str], name: str) -> list[str]:
+  """The values given to --name in argv (`--name=v` or `--name v`)."""
+  out = []
+  for i, arg in enumerate(argv):
+    if arg.startswith(f"--{name}="):
+      out.append(arg.split("=", 1)[1])
+    elif arg == f"--{name}" and i + 1 < len(argv):
+      out.append(argv[i + 1])
+  return out
+
+
+def check_path_flags(argv: list[str]) -> str | None:
+  """The one-line problem with the command line's files, or None: a --config file that
+  does not exist (config_flags' 'path.py:args' form is allowed), a --workdir that cannot
+  be created or written, an --out whose directory cannot be."""
+  for value in _flag_values(argv, "config"):
+    path = value.split(":", 1)[0]
+    if not os.path.isfile(path):
+      return f"--config file {path!r} not found"
+  targets = [("--workdir", v, v) for v in _flag_values(argv, "workdir")]
+  targets += [("--out", v, os.path.dirname(v) or ".") for v in _flag_values(argv, "out")]
+  for flag, value, directory in targets:
+    try:
+      os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+      return f"{flag} {value!r} cannot be created: {exc.strerror or exc}"
+    if not os.access(directory, os.W_OK | os.X_OK):
+      return f"{flag} {value!r} is not writable"
+  return None
+
+
 def run(main):
-  """app.run(main); a user error prints `error: <message>` to stderr and exits 2."""
+  """app.run(main); a user error prints `error: <message>` to stderr and exits 2.
+
+  Before absl parses the flags, a missing --config file or an unwritable --workdir / --out
+  directory is reported the same way (`check_path_flags`).
+  """
   from absl import app
+
+  if problem := check_path_flags(sys.argv[1:]):
+    print(f"error: {problem}", file=sys.stderr, flush=True)
+    sys.exit(USAGE_ERROR)
 
   def checked(argv):
     try:

@@ -22,11 +22,13 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import data, loading, sharding
 from specdec_jax.distill.evaluation import evaluate
 from specdec_jax.distill.feature_cache import build_feature_cache, corpus_windows
+from specdec_jax.distill.hyperparameters import check_hyperparameters
 from specdec_jax.distill.initialization import init_draft_params, random_params
 from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainState, commit,
                                       init_train_state, is_on_policy, lm_train_step,
@@ -121,20 +123,65 @@ def _log_default(msg: str) -> None:
   tqdm.write(msg)
 
 
+def _first_nonfinite(pending: list[tuple[int, dict]]) -> tuple[int, dict] | None:
+  """The first (step, metrics) whose loss or gradient norm is NaN or inf, or None."""
+  for step, metrics in jax.device_get(pending):
+    watched = {k: float(metrics[k]) for k in ("loss", "grad_norm") if k in metrics}
+    if not all(math.isfinite(v) for v in watched.values()):
+      return step, watched
+  return None
+
+
+@jax.jit
+def _all_finite(tree: PyTree) -> Array:
+  """bool []: every floating leaf of `tree` is finite (one replicated scalar, so it reads
+  the same on every process of a sharded run)."""
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def _stop_if_nonfinite(unchecked: list[tuple[int, dict]], state: TrainState, checkpointer,
+                       desc: str) -> None:
+  """Raises ValueError naming the first step with a non-finite loss or gradient (or params
+  that are no longer finite); nothing is saved after it, so the last checkpoint is good."""
+  bad = _first_nonfinite(unchecked)
+  unchecked.clear()
+  if bad is None and bool(_all_finite(state.params)):
+    return
+  latest = checkpointer.latest_step()
+  kept = (f"the last good checkpoint (step {latest}) is kept in {checkpointer.directory}"
+          if latest is not None else "no checkpoint was written")
+  where = (f"at step {bad[0]} ({_fmt(bad[1])})" if bad is not None
+           else f"in the params after step {int(state.step)}")
+  raise ValueError(f"[{desc}] training diverged: non-finite values {where}; stopped, "
+                   f"{kept}; lower config.lr or check the data")
+
+
 def _fit(state: TrainState, *, step_fn, batch_fn, eval_fn, checkpointer, steps: int,
          log_every: int, eval_every: int, stop_after: int, extra: dict, log, desc: str):
-  """The shared training loop: resume, step, log, evaluate, checkpoint. -> (state, extra)."""
+  """The shared training loop: resume, step, log, evaluate, checkpoint. -> (state, extra).
+
+  Every logged step and every checkpoint is preceded by a check that no loss or gradient
+  norm since the last check was NaN or inf (`_stop_if_nonfinite`): a diverged run stops
+  with an error naming the step and never writes a non-finite checkpoint.
+  """
   from tqdm import tqdm
   start = int(state.step)
   clock = time.perf_counter()
   spent = float(extra.get("train_time_s", 0.0))
   pending: list[dict] = []
+  unchecked: list[tuple[int, dict]] = []  # (1-based step, metrics) not yet checked
   with tqdm(total=steps, initial=start, desc=desc, dynamic_ncols=True) as bar:
     for step in range(start, steps):
       batch = batch_fn(step)
       state, metrics = step_fn(state, batch, jax.random.fold_in(state.rng, step))
       pending.append(metrics)
       done = step + 1
+      unchecked.append((done, metrics))
+      saves = done == steps or done % checkpointer.save_every == 0
+      if done % log_every == 0 or saves:
+        _stop_if_nonfinite(unchecked, state, checkpointer, desc)
       if done % log_every == 0 or done == steps:
         mean = _mean_metrics(pending)
         pending = []
@@ -222,6 +269,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
   Writes workdir/checkpoints/ (orbax), workdir/draft/ (`save_params`) and
   workdir/report.json, and returns the report.
   """
+  check_hyperparameters(config)
   log = log or _log_default
   if jax.process_index() != 0:  # one process of a multi-process run logs and reports
     log = lambda msg: None  # noqa: E731
@@ -324,6 +372,7 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
   Each model gets workdir/<name>/checkpoints and workdir/<name>/model (`save_params`,
   usable as target 'saved:<dir>' or draft_init 'saved:<dir>'); returns a report per model.
   """
+  check_hyperparameters(config)
   log = log or _log_default
   workdir = pathlib.Path(workdir).absolute()
   tokenizer = loading.load_tokenizer(config.tokenizer)

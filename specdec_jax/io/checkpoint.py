@@ -182,10 +182,23 @@ def restore_latest(directory: str | os.PathLike, like: PyTree, *,
 _MODEL_JSON = "model.json"
 
 
+def nonfinite_leaves(tree: PyTree) -> list[str]:
+  """Paths of the floating leaves of `tree` holding NaN or ±inf (one host read per leaf)."""
+  bad = []
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    x = np.asarray(jax.device_get(x))
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+      bad.append(jax.tree_util.keystr(path))
+  return bad
+
+
 def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfig, *,
                 tokenizer_identity: str, extra: dict | None = None) -> pathlib.Path:
   """Writes `directory/params` (orbax) and `directory/model.json`; replaces an old save."""
   directory = pathlib.Path(directory).absolute()
+  if bad := nonfinite_leaves(params):  # before touching the directory: an old save survives
+    raise ValueError(f"refusing to save non-finite params to {directory}: NaN or inf in "
+                     f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
   directory.mkdir(parents=True, exist_ok=True)
   (directory / _MODEL_JSON).unlink(missing_ok=True)  # no stale sidecar vouches for new params
   with ocp.StandardCheckpointer() as ckptr:
@@ -230,4 +243,8 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
   if params_checksum(params) != saved_sha:
     raise ValueError(f"{directory / 'params'} do not match the sha256 in {meta_path.name}: "
                      "the params or model.json were changed after saving")
+  if bad := nonfinite_leaves(params):
+    raise ValueError(f"{directory / 'params'} holds NaN or inf in {', '.join(bad[:4])}"
+                     f"{' ...' if len(bad) > 4 else ''}: refusing a model with non-finite "
+                     "params")
   return params, config, meta
