@@ -4,7 +4,10 @@
   target     'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
   draft      'none' | 'saved:<dir>' | 'truncate:<k>' (the target's first k layers and
              head) | 'random' (dims from config.draft_model) | 'ngram:<n>' (prompt
-             lookup of up to n trailing tokens, no params; `ngram.NgramDraft`)
+             lookup of up to n trailing tokens, no params; `ngram.NgramDraft`) |
+             'hybrid:<n>' (lookup where the last n tokens occurred before, else the
+             feature draft named by config.feature_draft, e.g. 'saved:<dir>';
+             `ngram.HybridDraft`)
 
 Every model on a tokenizer's vocabulary is checked against it; a saved draft
 carries the tokenizer identity it was trained with, and a mismatch is an error.
@@ -22,7 +25,7 @@ import jax.numpy as jnp
 from specdec_jax.model import ModelConfig, init_params
 
 if TYPE_CHECKING:
-  from specdec_jax.ngram import NgramDraft
+  from specdec_jax.ngram import HybridDraft, NgramDraft
   from specdec_jax.sampling import SamplingConfig
 
 
@@ -88,11 +91,22 @@ def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
 
 
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
-               seed: int = 0):
+               seed: int = 0, feature_draft: str | None = None):
   """(config, params) of the draft, (NgramDraft, None) for 'ngram:<n>', (None, None) for
-  'none'."""
+  'none'; for 'hybrid:<n>', (HybridDraft, params) around the draft named `feature_draft`."""
   if name in ("none", "", None):
     return None, None
+  if name.startswith("hybrid:"):
+    from specdec_jax.ngram import HybridDraft
+    if not feature_draft or feature_draft.startswith(("hybrid:", "ngram:")):
+      raise ValueError(f"draft {name!r} needs config.feature_draft to name a feature draft "
+                       f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
+    cfg, params = load_draft(feature_draft, tokenizer, target_config, target_params, dims=dims,
+                             seed=seed)
+    if getattr(cfg, "kind", None) != "feature":
+      raise ValueError(f"draft {name!r}: config.feature_draft {feature_draft!r} is not a "
+                       f"feature draft (kind {getattr(cfg, 'kind', None)!r})")
+    return HybridDraft.from_name(name, cfg), params
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
@@ -119,7 +133,7 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
                        norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed))
   raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>', "
-                   "'random' or 'ngram:<n>'")
+                   "'random', 'ngram:<n>' or 'hybrid:<n>'")
 
 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
@@ -184,7 +198,8 @@ def load_models(config, drafts) -> Models:
   loaded = {}
   for name, spec in drafts:
     cfg, params = load_draft(spec, tokenizer, target_cfg, target_params,
-                             dims=config.draft_model, seed=config.seed)
+                             dims=config.draft_model, seed=config.seed,
+                             feature_draft=config.get("feature_draft", None))
     if params is not None:
       params = as_jax(unstack_layers(params) if unstacked else params)
     loaded[name] = (spec, cfg, params)
@@ -200,7 +215,7 @@ class Pair:
   tokenizer: object
   target_config: ModelConfig
   target_params: dict
-  draft_config: "ModelConfig | NgramDraft | None"
+  draft_config: "ModelConfig | NgramDraft | HybridDraft | None"
   draft_params: dict | None
   prompts: list[list[int]]
   sampling: "SamplingConfig"

@@ -16,14 +16,21 @@ The draft distribution q is one-hot at each proposal, so verification is exact
 with either verifier (accept x with probability p(x); the residual is p without x).
 Everything is fixed-shape and runs inside the jitted decode loop; the draft has no
 parameters and no cache.
+
+A hybrid draft (`HybridDraft`, 'hybrid:<n>') takes the lookup's proposals only on rows
+with a match of at least n tokens (`lookup`'s `found`), and a feature draft's elsewhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+  from specdec_jax.model import ModelConfig
 
 Array = jax.Array
 
@@ -50,6 +57,61 @@ class NgramDraft:
       raise ValueError(f"ngram draft name must be 'ngram:<n>' with n >= 1, got {name!r}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class HybridDraft:
+  """Prompt lookup where it has a match, a feature draft elsewhere (config name 'hybrid:<n>').
+
+  Per row and step: where the last n tokens, for some min_n <= n <= max_n, occurred
+  earlier with a known follower, the row proposes the lookup's continuation (`lookup`),
+  q one-hot; every other row proposes the feature draft's tokens with its own q.
+  'hybrid:<n>' is min_n = max_n = n: "the last n tokens occurred before" (any longer
+  match contains one of n). n = 3 by default in the configs: one or two BPE tokens
+  (", and", " of the") recur by chance in ordinary prose, and their continuation would
+  displace the feature draft's proposal with a near-arbitrary one; three recur mainly
+  where the text repeats (refrains, code, greedy loops), where a lookup is nearly
+  always right. The feature draft runs every step on every row, so its cache and
+  features stay those of the emitted tokens whichever proposal a row took.
+  """
+
+  feature: "ModelConfig"  # kind 'feature'; its params are the hybrid's params
+  min_n: int = 3
+  max_n: int = 3
+
+  kind = "hybrid"
+
+  def __post_init__(self):
+    if getattr(self.feature, "kind", None) != "feature":
+      raise ValueError(f"hybrid draft needs a feature draft's ModelConfig (kind 'feature'), "
+                       f"got kind {getattr(self.feature, 'kind', type(self.feature).__name__)!r}")
+    for name in ("min_n", "max_n"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"hybrid draft needs {name} >= 1, got {value!r}")
+    if self.min_n > self.max_n:
+      raise ValueError(f"hybrid draft needs min_n <= max_n, got {self.min_n} > {self.max_n}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.feature.vocab_size
+
+  @property
+  def max_seq_len(self) -> int:
+    return self.feature.max_seq_len
+
+  @classmethod
+  def from_name(cls, name: str, feature: "ModelConfig") -> "HybridDraft":
+    """'hybrid:<n>' -> HybridDraft(feature, min_n=n, max_n=n)."""
+    kind, _, n = name.partition(":")
+    try:
+      if kind != "hybrid":
+        raise ValueError
+      n = int(n)
+    except ValueError:
+      raise ValueError(f"hybrid draft name must be 'hybrid:<n>' with n >= 1, got "
+                       f"{name!r}") from None
+    return cls(feature, n, n)
+
+
 def match_start(tokens: Array, length: Array, n: int) -> Array:
   """int32 [B]: start j of the most recent earlier copy of tokens[b, L-n:L] with
   j + n <= L - 1, or -1 where there is none (or L <= n). tokens [B,W], length [B]."""
@@ -64,17 +126,28 @@ def match_start(tokens: Array, length: Array, n: int) -> Array:
   return jnp.max(jnp.where(same & valid, starts[None, :], -1), axis=1).astype(jnp.int32)
 
 
-def propose(tokens: Array, length: Array, *, max_n: int, gamma: int) -> Array:
-  """int32 [B,G]: the n-gram draft's proposals (see the module docstring).
+def lookup(tokens: Array, length: Array, *, min_n: int, max_n: int,
+           gamma: int) -> tuple[Array, Array]:
+  """(proposals int32 [B,G], found bool [B]): the continuation of the longest earlier match
+  of n trailing tokens, min_n <= n <= max_n (see the module docstring); where there is
+  none, found is False and every proposal is the pending token.
 
   tokens int [B,W]: each row's known tokens in tokens[b, :length[b]], the last pending.
   """
   follow = jnp.full(length.shape, -1, jnp.int32)  # index j + n of the first follower
-  for n in range(max_n, 0, -1):  # longest match first
+  for n in range(max_n, min_n - 1, -1):  # longest match first
     j = match_start(tokens, length, n)
     follow = jnp.where((follow < 0) & (j >= 0), j + n, follow)
   found = follow >= 0
   shift = jnp.where(found, length - follow, 1)  # d = L - n - j >= 1
   idx = jnp.where(found[:, None], follow[:, None] + jnp.arange(gamma)[None, :] % shift[:, None],
                   (length - 1)[:, None])
-  return jnp.take_along_axis(tokens, idx, axis=1).astype(jnp.int32)
+  return jnp.take_along_axis(tokens, idx, axis=1).astype(jnp.int32), found
+
+
+def propose(tokens: Array, length: Array, *, max_n: int, gamma: int) -> Array:
+  """int32 [B,G]: the n-gram draft's proposals (see the module docstring).
+
+  tokens int [B,W]: each row's known tokens in tokens[b, :length[b]], the last pending.
+  """
+  return lookup(tokens, length, min_n=1, max_n=max_n, gamma=gamma)[0]

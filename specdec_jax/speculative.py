@@ -36,6 +36,11 @@ Steps 3-5, `verify` and the key schedule are the same for both kinds.
 
 A prompt-lookup draft (`ngram.NgramDraft`, kind 'ngram', no params, no cache) replaces
 steps 1-2 by `ngram.propose` on the row's own tokens, with q one-hot at each proposal.
+A hybrid draft (`ngram.HybridDraft`, kind 'hybrid') runs steps 1'-2' of its feature draft
+on every row, then rows where `ngram.lookup` finds a match take its proposals, q one-hot
+(`_draft_hybrid`). The choice is a function of the known tokens alone, so each row's x is
+still drawn from the q handed to the verifier; the target call runs on the chosen x, so
+the features and re-read of the next step are the emitted tokens' whichever was chosen.
 
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
@@ -64,7 +69,8 @@ from specdec_jax.verify import acceptance_probability, block_verify, valid_propo
 
 Array = jax.Array
 Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
-DraftConfig = ModelConfig | ngram.NgramDraft  # ModelConfig.kind 'model' | 'feature'; 'ngram'
+# ModelConfig.kind 'model' | 'feature'; 'ngram'; 'hybrid' (lookup + a feature draft)
+DraftConfig = ModelConfig | ngram.NgramDraft | ngram.HybridDraft
 # The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
 # Block verification is the default: it accepts the same tokens greedily, and never fewer
@@ -299,6 +305,27 @@ def _draft_feature(target_params, draft_params, state: DecodeState, draft_keys: 
   return xs, qs, cache
 
 
+def _draft_hybrid(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
+                  draft_config: ngram.HybridDraft, gamma: int, warp_fn, greedy: bool):
+  """The feature draft's steps 1'-2' for every row; rows with a lookup match take its
+  proposals, q one-hot -> (xs [B,G], qs [B,G,V], draft cache)."""
+  xs, qs, cache = _draft_feature(target_params, draft_params, state, draft_keys,
+                                 draft_config=draft_config.feature, gamma=gamma,
+                                 warp_fn=warp_fn, greedy=greedy)
+  looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=draft_config.min_n,
+                               max_n=draft_config.max_n, gamma=gamma)
+  one_hot = jax.nn.one_hot(looked, qs.shape[-1], dtype=qs.dtype)
+  return (jnp.where(found[:, None], looked, xs), jnp.where(found[:, None, None], one_hot, qs),
+          cache)
+
+
+def feature_part(draft_config: DraftConfig | None) -> ModelConfig | None:
+  """The feature draft that reads the target's features: the draft itself or a hybrid's."""
+  kind = getattr(draft_config, "kind", None)
+  return draft_config.feature if kind == "hybrid" else (
+      draft_config if kind == "feature" else None)
+
+
 def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         target_config: ModelConfig, draft_config: DraftConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
@@ -306,7 +333,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   """One speculative step for every row (see the module docstring). Not jitted."""
   warp_fn = functools.partial(_warp_vocab, vocab=vocab_size, temperature=sampling.temperature,
                               top_k=sampling.top_k, top_p=sampling.top_p)
-  feature = draft_config.kind == "feature"
+  feature = feature_part(draft_config) is not None
   length = state.num_tokens - 1
   pending = _pending(state)
   split = jax.vmap(jax.random.split)(_step_keys(state))  # [B,2,2]
@@ -318,7 +345,8 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
     qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
     draft_cache = None
   else:
-    draft_fn = _draft_feature if feature else _draft_model
+    draft_fn = dict(model=_draft_model, feature=_draft_feature,
+                    hybrid=_draft_hybrid)[draft_config.kind]
     xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys,
                                    draft_config=draft_config, gamma=gamma, warp_fn=warp_fn,
                                    greedy=sampling.temperature == 0)
@@ -327,7 +355,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   positions = length[:, None] + jnp.arange(gamma + 1)[None, :]
   out = forward(target_params, target_in, positions, _with_length(state.target_cache, length),
                 config=target_config,
-                hidden_layers=draft_config.feature_layers if feature else ())
+                hidden_layers=feature_part(draft_config).feature_layers if feature else ())
   logits, target_cache = out[:2]
   ps = warp_fn(logits)  # [B,G+1,V]
 
@@ -398,6 +426,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   batch, width = tokens.shape
   slots = width + max_new_tokens + gamma
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
+  draft_config = feature_part(draft_config) or draft_config  # a hybrid prefills as its feature
   feature = draft_config is not None and draft_config.kind == "feature"
   layers = draft_config.feature_layers if feature else ()
 
@@ -557,6 +586,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
 def _check_params(params, config: DraftConfig, name: str) -> None:
   if config.kind == "ngram":  # no params: anything passed is ignored
     return
+  config = feature_part(config) or config  # a hybrid's params are its feature draft's
   if not isinstance(params, dict):
     raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
   if config.kind == "feature":
@@ -576,7 +606,8 @@ def _check_params(params, config: DraftConfig, name: str) -> None:
 
 def check_feature_draft(draft_config: DraftConfig, target_config: ModelConfig) -> None:
   """Raises ValueError if a feature draft cannot read this target's hidden states."""
-  if draft_config.kind != "feature":
+  draft_config = feature_part(draft_config)
+  if draft_config is None:
     return
   if draft_config.feature_width != target_config.embed_dim:
     raise ValueError(f"feature draft reads target width {draft_config.feature_width}, the "
@@ -597,8 +628,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
   seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
   verifier: 'block' (default, `block_verify`), 'token' (`verify`) or a function.
-  draft_config: a ModelConfig (independent or feature draft) or an `ngram.NgramDraft`
-  (draft_params None).
+  draft_config: a ModelConfig (independent or feature draft), an `ngram.NgramDraft`
+  (draft_params None) or an `ngram.HybridDraft` (draft_params its feature draft's).
   """
   _check_params(target_params, target_config, "target")
   _check_params(draft_params, draft_config, "draft")

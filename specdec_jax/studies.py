@@ -89,6 +89,8 @@ def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, contex
   """
   if config.kind == "ngram":
     return 0.0
+  if config.kind == "hybrid":  # timed as its feature draft, which runs every step
+    config = config.feature
   slots = context + tokens
   cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
   toks = jnp.zeros((batch, tokens), jnp.int32)

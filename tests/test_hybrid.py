@@ -1,0 +1,214 @@
+"""Hybrid drafts (lookup where the last n tokens occurred before, a feature draft
+elsewhere): the lookup's `found`, exactness, greedy equality, batch composition, the
+feature draft's state after either branch, names and errors.
+
+The whole-sequence tests reuse test_exactness's enumeration (vocabulary 4, 4 new
+tokens after [1, 3, 0], 40,000 rows) with a 2-token match rule, so some steps of a row
+take the lookup and others the feature draft; each case checks that both branches
+ran. False-failure rate: each chi-square case fails for a correct sampler with
+probability SIGNIFICANCE = 1e-3 (four cases, three of them slow: at most 0.4% for the
+file); seeds are fixed, so the outcome is deterministic. The naive "correct from p"
+verifier, the negative control, must fail the same test.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_jax import speculative as spec
+from specdec_jax.io import checkpoint as ckpt_lib
+from specdec_jax.loading import ByteTokenizer, load_draft
+from specdec_jax.ngram import HybridDraft, NgramDraft, lookup
+from specdec_jax.verify import block_verify, verify
+from test_exactness import (PROMPT, assert_naive_verifier_fails, exact_sequence_probs,
+                            sample_sequences, sequence_index)
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def lookup_fires(row: list[int], min_n: int, max_n: int) -> bool:
+  """The rule of `HybridDraft`, as a plain loop: some n in [min_n, max_n] trailing
+  tokens occurred earlier with a known follower."""
+  length = len(row)
+  return any(row[j:j + n] == row[length - n:]
+             for n in range(min_n, max_n + 1) if length > n
+             for j in range(length - n))
+
+
+def branch_counts(prompts, out, draft: HybridDraft) -> tuple[int, int]:
+  """(lookup steps, feature steps) over every row's live steps, replayed from its
+  emitted tokens (step s of a row emits accepted[s] + 1 of them)."""
+  seen, counts = {}, np.zeros(2, np.int64)
+  for b, prompt in enumerate(prompts):
+    key = (tuple(prompt), out.tokens[b].tobytes(), out.accepted[b].tobytes())
+    if key not in seen:
+      row, emitted, here = list(prompt), out.row(b), np.zeros(2, np.int64)
+      for n in out.accepted[b][out.accepted[b] >= 0]:
+        here[0 if lookup_fires(row, draft.min_n, draft.max_n) else 1] += 1
+        row += emitted[len(row) - len(prompt): len(row) - len(prompt) + n + 1]
+      seen[key] = here
+    counts += seen[key]
+  return int(counts[0]), int(counts[1])
+
+
+def test_lookup_found_needs_a_match_of_min_n():
+  tokens = jnp.asarray([[1, 2, 3, 9, 1, 2, 3, 0],    # "1 2 3" occurred: n = 3 matches
+                        [5, 2, 3, 9, 1, 2, 3, 0],    # only "2 3": n = 2 matches
+                        [5, 6, 7, 3, 1, 2, 3, 0],    # only "3": n = 1 matches
+                        [1, 2, 3, 4, 0, 0, 0, 0]])   # no earlier copy of any suffix
+  length = jnp.asarray([7, 7, 7, 4])
+  rows = np.asarray(tokens)
+  for min_n, want in ((1, [1, 1, 1, 0]), (2, [1, 1, 0, 0]), (3, [1, 0, 0, 0])):
+    xs, found = lookup(tokens, length, min_n=min_n, max_n=3, gamma=2)
+    np.testing.assert_array_equal(found, np.asarray(want, bool))
+    assert [lookup_fires(rows[b, :int(length[b])].tolist(), min_n, 3) for b in range(4)] \
+        == want
+    if min_n == 2:  # the follower of the match, then periodic; the pending token without
+      np.testing.assert_array_equal(xs, [[9, 1], [9, 1], [3, 3], [4, 4]])
+
+
+# ------------------------------------------------------------------ exactness
+
+@pytest.fixture(scope="module")
+def hybrid_pair():
+  """test_exactness's target and feature draft, wrapped in a 2-token lookup."""
+  target = tiny_config(vocab=4, layers=2, width=16, max_seq_len=16)
+  feature = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
+                        feature_layers=(1, 2), feature_width=target.embed_dim)
+  return (target, tiny_model(target, 10, factor=4.0), HybridDraft(feature, 2, 2),
+          tiny_model(feature, 12, factor=4.0))
+
+
+HYBRID_CASES = [  # the default verifier with a warp in the fast suite; the rest with test-all
+    (SamplingConfig(temperature=0.7, top_p=0.9), block_verify),
+    pytest.param(SamplingConfig(temperature=1.0), verify, marks=pytest.mark.slow),
+    pytest.param(SamplingConfig(temperature=1.0), block_verify, marks=pytest.mark.slow),
+    pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), verify, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("sampling,verifier", HYBRID_CASES)
+def test_hybrid_sequences_follow_target_distribution(hybrid_pair, sampling, verifier):
+  """Rows switch between one-hot lookup proposals and the feature draft's own q step by
+  step, and whole sequences still follow the target exactly."""
+  exact = exact_sequence_probs(hybrid_pair[0], hybrid_pair[1], sampling)
+  out = sample_sequences(hybrid_pair, 3, sampling, verifier=verifier, seed=7)
+  looked, drafted = branch_counts([PROMPT] * len(out.lengths), out, hybrid_pair[2])
+  assert min(looked, drafted) > 0.1 * (looked + drafted)  # measured 17% / 83% at T=1
+  assert 0.2 < out.alpha() < 0.95
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+def test_hybrid_negative_control_fails(hybrid_pair):
+  assert_naive_verifier_fails(hybrid_pair, seed=7)
+
+
+# ------------------------------------------------------------------ decoding
+
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [9], [10, 11, 10, 11], [14, 15]]
+
+
+@pytest.fixture(scope="module")
+def greedy_pair():
+  """A 3-layer target (whose greedy text falls into loops) and a 1-layer feature draft
+  reading its layers 1 and 3, in a 2-token lookup."""
+  target = tiny_config(vocab=32, layers=3, width=32, max_seq_len=64)
+  feature = tiny_config(vocab=32, layers=1, width=16, max_seq_len=64, tie_embeddings=False,
+                        feature_layers=(1, 3), feature_width=32)
+  return (target, tiny_model(target, 0, factor=6.0), HybridDraft(feature, 2, 2),
+          tiny_model(feature, 1, factor=3.0))
+
+
+def generate(pair, prompts=PROMPTS, gamma=3, **kw):
+  target, tp, draft, dp = pair
+  kw.setdefault("max_new_tokens", 16)
+  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
+                              gamma=gamma, **kw)
+
+
+@pytest.mark.parametrize("verifier", [pytest.param("token", marks=pytest.mark.slow), "block"])
+def test_greedy_hybrid_equals_greedy_autoregressive(greedy_pair, verifier):
+  target, tp, draft, _ = greedy_pair
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                               sampling=GREEDY)
+  sp = generate(greedy_pair, sampling=GREEDY, verifier=verifier)
+  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  looked, drafted = branch_counts(PROMPTS, sp, draft)
+  assert looked > 0 and drafted > 0
+
+
+def test_row_output_independent_of_batch_composition(greedy_pair):
+  kw = dict(sampling=SamplingConfig(1.0), seed=3)
+  one = generate(greedy_pair, prompts=PROMPTS[:1], **kw)
+  five = generate(greedy_pair, **kw)
+  assert one.row(0) == five.row(0)
+  np.testing.assert_array_equal(one.accepted[0], five.accepted[0][: one.num_steps])
+  swapped = generate(greedy_pair, prompts=PROMPTS[::-1], row_ids=list(range(5))[::-1], **kw)
+  assert swapped.row(4) == five.row(0)
+  assert min(branch_counts(PROMPTS, five, greedy_pair[2])) > 0
+
+
+def test_feature_branch_equals_a_fresh_feature_draft(greedy_pair):
+  """After hybrid steps (rows taking either branch), the feature draft's q_1..q_G on
+  the next step equal those of a pure feature draft prefilled afresh with the same
+  tokens: its cache and features are those of the emitted tokens."""
+  target, tp, hybrid, dp = greedy_pair
+  feature, gamma, new = hybrid.feature, 3, 24
+  sampling = SamplingConfig(1.0)
+  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=hybrid,
+                               gamma=gamma, max_new_tokens=new, sampling=sampling, seed=5,
+                               row_ids=None, eos_id=None, pad_id=0, vocab_size=None,
+                               verifier="block")
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                              target_config=target, draft_config=hybrid, gamma=gamma,
+                              max_new_tokens=new)
+  width = args.tokens.shape[1] + new  # a fixed prefix width: one compile of the fresh prefill
+  keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(
+      len(PROMPTS), gamma, 2)
+  draft_qs = jax.jit(lambda st: spec._draft_feature(
+      tp, dp, st, keys, draft_config=feature, gamma=gamma, greedy=False,
+      warp_fn=lambda logits: jax.nn.softmax(logits[..., :32], -1))[1])
+  branches = np.zeros(2, np.int64)
+  for _ in range(6):
+    state = spec.speculative_step(tp, dp, state, **args.statics)
+    num = np.asarray(state.num_tokens)
+    prefixes = np.asarray(state.tokens)[:, :width].copy()
+    for b in range(len(PROMPTS)):
+      prefixes[b, num[b]:] = 0
+    fresh = spec.init_state_jit(tp, dp, prefixes, state.num_tokens, args.row_keys,
+                                target_config=target, draft_config=feature, gamma=gamma,
+                                max_new_tokens=new)
+    np.testing.assert_allclose(draft_qs(state), draft_qs(fresh), atol=2e-5)
+    _, found = lookup(state.tokens, state.num_tokens, min_n=2, max_n=2, gamma=gamma)
+    branches += [int(found.sum()), int((~found).sum())]
+  assert branches.min() > 0, branches  # the steps before covered both branches
+
+
+# ------------------------------------------------------------------ names and errors
+
+def test_hybrid_draft_names_and_errors(greedy_pair, tmp_path):
+  target, tp, hybrid, dp = greedy_pair
+  tok = ByteTokenizer()
+  ckpt_lib.save_params(tmp_path / "f", dp, hybrid.feature, tokenizer_identity=tok.identity)
+  cfg, params = load_draft("hybrid:3", tok, target, tp, feature_draft=f"saved:{tmp_path / 'f'}")
+  assert cfg == HybridDraft(hybrid.feature.replace(max_seq_len=64), 3, 3)
+  assert cfg.kind == "hybrid" and cfg.vocab_size == 32 and params["fuse"].shape == (64, 16)
+  for bad in ("hybrid:0", "hybrid:x", "hybrid:", "hybrid:2:3"):
+    with pytest.raises(ValueError, match="hybrid"):
+      load_draft(bad, tok, target, tp, feature_draft=f"saved:{tmp_path / 'f'}")
+  for feature_draft in (None, "", "hybrid:2", "ngram:2"):
+    with pytest.raises(ValueError, match="needs config.feature_draft"):
+      load_draft("hybrid:3", tok, target, tp, feature_draft=feature_draft)
+  with pytest.raises(ValueError, match="is not a feature draft"):
+    load_draft("hybrid:3", tok, target, tp, feature_draft="truncate:1")
+  with pytest.raises(ValueError, match="got kind 'ngram'"):
+    HybridDraft(NgramDraft(2))
+  with pytest.raises(ValueError, match="min_n <= max_n, got 3 > 2"):
+    HybridDraft(hybrid.feature, 3, 2)
+  with pytest.raises(ValueError, match="min_n >= 1, got 0"):
+    HybridDraft(hybrid.feature, 0, 2)
+  with pytest.raises(ValueError, match="fuse"):  # a hybrid's params are its feature draft's
+    generate(greedy_pair[:3] + (tp,), max_new_tokens=2)
