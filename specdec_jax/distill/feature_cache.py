@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import data
 from specdec_jax.distill.divergences import training_temperature
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.model import ModelConfig, forward, init_cache
@@ -43,14 +44,10 @@ _ARRAYS = ("tokens", "features", "target_logp", "target_argmax")
 
 
 def corpus_windows(tokens: np.ndarray, num: int, seq_len: int, seed: int) -> np.ndarray:
-  """int32 [num, seq_len]: distinct non-overlapping spans of `tokens`, in random order."""
-  tokens = np.asarray(tokens, np.int32)
-  available = tokens.size // seq_len
-  if num > available:
-    raise ValueError(f"feature_cache_windows={num} exceeds the {available} windows of "
-                     f"{seq_len} tokens in the training corpus")
-  starts = np.random.default_rng([seed, 7]).choice(available, size=num, replace=False)
-  return tokens[(starts * seq_len)[:, None] + np.arange(seq_len)[None, :]]
+  """int32 [num, seq_len]: distinct non-overlapping spans of `tokens`, in random order
+  (`data.Mixture.windows` of one corpus)."""
+  return data.corpus_spans(tokens, num, seq_len, [seed, 7],
+                           "the training corpus (feature_cache_windows)")
 
 
 @functools.partial(jax.jit, static_argnames=("target_config", "layers", "temperature"))
