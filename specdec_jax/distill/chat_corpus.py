@@ -1,0 +1,157 @@
+"""The 'chat' corpus: the target's own answers to varied instructions, generated once.
+
+EAGLE-3 trains its draft on the target's own responses to chat prompts; users of an
+instruct model send it instructions, so that is the text a shipped draft must know.
+Offline we have the target: each instruction (a list shipped in the repository,
+`configs/prompts/train_instructions.json`) goes through the tokenizer's chat template
+(ChatML for SmolLM2) and the target answers it with our own batched
+`autoregressive_generate`, `samples` times at temperature `temperature` (top-p
+optional). Row r of the work list (instruction i, sample s: r = s * I + i) is sampled
+with row id r and the one recorded `seed`, so its answer depends only on (seed, r, the
+instruction, the settings) — never on the batch it ran in.
+
+A document is one instruction: for each sample, prompt tokens (chat template +
+instruction) then response tokens, ending in EOS. Training uses the whole sequence: the
+feature cache takes spans of the concatenated corpus with a loss at every position, the
+instruction is user text of the kind the draft later sees in prompts, and the ChatML
+scaffolding is a few tokens per document. Held-out data is split by instruction (all
+samples of one instruction on one side), as the other corpora split by document.
+
+The answers are cached under `cache_dir/chat-<16 hex of the identity>/`: `meta.json`
+(the identity: target, tokenizer, instructions, settings) and one `batch_<k>.json` per
+finished batch, each written atomically. A killed generation keeps every finished
+batch and resumes at the first missing one with identical output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.model import ModelConfig
+
+INSTRUCTIONS = "configs/prompts/train_instructions.json"
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load_instructions(path: str | os.PathLike = INSTRUCTIONS) -> list[str]:
+  """The instruction strings of a JSON file {'instructions': [str, ...], ...}.
+
+  A relative path is tried from the working directory, then from the repository root.
+  Raises ValueError naming the file if it holds no list of distinct non-empty strings.
+  """
+  path = pathlib.Path(path)
+  if not path.is_absolute() and not path.exists():
+    path = _ROOT / path
+  if not path.exists():
+    raise FileNotFoundError(f"instruction file {path} not found")
+  try:
+    items = json.loads(path.read_text("utf-8"))["instructions"]
+  except (ValueError, KeyError, TypeError) as e:
+    raise ValueError(f"{path} is not a JSON object with an 'instructions' list ({e})") from None
+  if not isinstance(items, list) or not items:
+    raise ValueError(f"{path}: 'instructions' must be a non-empty list")
+  for i, text in enumerate(items):
+    if not isinstance(text, str) or not text.strip():
+      raise ValueError(f"{path}: instruction {i} must be a non-empty string, got {text!r}")
+  if len(set(items)) != len(items):
+    dup = next(t for t in items if items.count(t) > 1)
+    raise ValueError(f"{path}: instruction {dup[:60]!r} appears twice")
+  return items
+
+
+def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[str], *,
+                         tokenizer, target_params, target_config: ModelConfig,
+                         target_identity: str, samples: int = 1, max_new_tokens: int = 256,
+                         batch_size: int = 16, temperature: float = 0.7, top_p: float = 1.0,
+                         seed: int = 0, log: Callable[[str], None] = print
+                         ) -> dict[str, np.ndarray]:
+  """{'chat-<i>': int32 tokens of instruction i's samples} (see the module docstring),
+  generating (or resuming, or reusing) the cached answers."""
+  from specdec_jax.sampling import SamplingConfig
+  from specdec_jax.speculative import autoregressive_generate
+  for name, value in (("samples", samples), ("max_new_tokens", max_new_tokens),
+                      ("batch_size", batch_size)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f"chat {name} must be an int >= 1, got {value!r}")
+  sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p))
+  instructions = list(instructions)
+  identity = {
+      "target": str(target_identity), "tokenizer": str(tokenizer.identity),
+      "instructions_sha256": hashlib.sha256(
+          json.dumps(instructions, ensure_ascii=False).encode("utf-8")).hexdigest(),
+      "num_instructions": len(instructions), "samples": samples,
+      "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+      "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
+  directory = pathlib.Path(cache_dir) / f"chat-{_sha16(identity)}"
+  directory.mkdir(parents=True, exist_ok=True)
+  meta_path = directory / "meta.json"
+  if meta_path.exists():
+    try:
+      saved = json.loads(meta_path.read_text("utf-8"))["identity"]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"chat corpus file {meta_path} is unreadable ({e}); delete "
+                       f"{directory} to regenerate it") from None
+    if saved != identity:
+      raise ValueError(f"chat corpus {directory} was generated with other settings; "
+                       "delete it to regenerate")
+  else:
+    atomic_write_json(meta_path, {"identity": identity}, sort_keys=True)
+
+  prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]))
+             for t in instructions]
+  work = [(s, i) for s in range(samples) for i in range(len(instructions))]  # row r = s*I+i
+  batches = [work[k:k + batch_size] for k in range(0, len(work), batch_size)]
+  paths = [directory / f"batch_{k:05d}.json" for k in range(len(batches))]
+  todo = [k for k, p in enumerate(paths) if not p.exists()]
+  if todo:
+    from tqdm import tqdm
+    if len(todo) < len(batches):
+      log(f"chat corpus: resuming at batch {todo[0]} of {len(batches)} ({directory})")
+    with tqdm(total=len(batches), initial=len(batches) - len(todo), desc="chat corpus",
+              dynamic_ncols=True) as bar:
+      for k in todo:
+        rows = [s * len(instructions) + i for s, i in batches[k]]
+        result = autoregressive_generate(
+            target_params, [prompts[i] for _, i in batches[k]], target_config=target_config,
+            max_new_tokens=max_new_tokens, sampling=sampling, seed=int(seed),
+            row_ids=np.asarray(rows), eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+            vocab_size=tokenizer.vocab_size)
+        records = [{"row": r, "instruction": i, "sample": s, "response": result.row(b)}
+                   for b, (r, (s, i)) in enumerate(zip(rows, batches[k]))]
+        atomic_write_json(paths[k], {"batch": k, "rows": records})
+        bar.update(1)
+        bar.set_postfix(tokens=sum(len(r["response"]) for r in records))
+  return _documents(paths, prompts, len(instructions), samples, tokenizer.eos_id)
+
+
+def _documents(paths, prompts, num_instructions: int, samples: int,
+               eos_id: int) -> dict[str, np.ndarray]:
+  answers: dict[tuple[int, int], list[int]] = {}
+  for path in paths:
+    try:
+      for r in json.loads(path.read_text("utf-8"))["rows"]:
+        answers[int(r["sample"]), int(r["instruction"])] = [int(t) for t in r["response"]]
+    except (ValueError, KeyError, TypeError) as e:
+      raise ValueError(f"chat corpus file {path} is unreadable ({e}); delete it to "
+                       "regenerate that batch") from None
+  docs = {}
+  for i in range(num_instructions):
+    pieces = []
+    for s in range(samples):
+      response = answers[s, i]
+      if not response or response[-1] != eos_id:  # cut at max_new_tokens: end it
+        response = response + [eos_id]
+      pieces += [prompts[i], response]
+    docs[f"chat-{i:04d}"] = np.concatenate(pieces).astype(np.int32)
+  return docs
+
+
+def _sha16(obj: Any) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
