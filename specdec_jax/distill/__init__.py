@@ -57,8 +57,12 @@ Modules, each importing only from those above it (every public name is re-export
   initialization  `init_draft_params`, `random_params`, `embedding_projection`;
   feature_cache   the target's features and top-k probabilities, computed once and
                   kept on disk so a feature draft trains several epochs per target pass;
+  chat_corpus     the 'chat' corpus: the target's own answers to the shipped
+                  instructions through its chat template, generated once, resumable;
   runs            the runs behind the scripts (`setup_distillation`, `run_distillation`,
-                  `run_pretraining`), checkpointing through `specdec_jax.io.checkpoint`.
+                  `run_pretraining`), the corpora mix (`load_mixture`: weighted corpora,
+                  held-out α per corpus via `evaluate_sets`), checkpointing through
+                  `specdec_jax.io.checkpoint`.
 """
 
 from specdec_jax.distill.divergences import (LOSSES, divergence, forward_kl, jsd,
@@ -66,9 +70,9 @@ from specdec_jax.distill.divergences import (LOSSES, divergence, forward_kl, jsd
 from specdec_jax.distill.evaluation import evaluate, evaluate_alpha
 from specdec_jax.distill.initialization import (DRAFT_INITS, embedding_projection,
                                                 init_draft_params, random_params)
-from specdec_jax.distill.runs import (DistillSetup, draft_config_from, load_corpus,
-                                      load_target, run_distillation, run_pretraining,
-                                      setup_distillation)
+from specdec_jax.distill.runs import (DistillSetup, draft_config_from, evaluate_sets,
+                                      load_corpus, load_mixture, load_target,
+                                      run_distillation, run_pretraining, setup_distillation)
 from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainState, commit,
                                       feature_loss_fn, full_logits, head_columns,
                                       init_train_state, is_on_policy, lm_loss_fn,
@@ -79,7 +83,8 @@ from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainS
 __all__ = [
     "LOSSES", "divergence", "forward_kl", "jsd", "logit_divergences", "reverse_kl", "tvd",
     "evaluate", "evaluate_alpha", "DRAFT_INITS", "embedding_projection", "init_draft_params",
-    "random_params", "DistillSetup", "draft_config_from", "load_corpus", "load_target",
+    "random_params", "DistillSetup", "draft_config_from", "evaluate_sets", "load_corpus",
+    "load_mixture", "load_target",
     "run_distillation", "run_pretraining", "setup_distillation", "DistillSettings",
     "OptimizerSettings", "TrainState", "commit", "full_logits", "init_train_state",
     "is_on_policy", "lm_loss_fn", "lm_train_step", "loss_fn", "make_optimizer",

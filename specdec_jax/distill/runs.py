@@ -26,8 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import data, loading, sharding
+from specdec_jax.distill import chat_corpus
 from specdec_jax.distill.evaluation import evaluate
-from specdec_jax.distill.feature_cache import build_feature_cache, corpus_windows
+from specdec_jax.distill.feature_cache import build_feature_cache
 from specdec_jax.distill.hyperparameters import check_hyperparameters
 from specdec_jax.distill.initialization import init_draft_params, random_params
 from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainState, commit,
@@ -35,6 +36,7 @@ from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainS
                                       make_feature_train_step, make_train_step)
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import command_line, git_state
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.model import ModelConfig, param_count, param_shapes
 
@@ -55,15 +57,61 @@ def load_target(config, tokenizer) -> tuple[ModelConfig, dict]:
 
 def load_corpus(config, tokenizer) -> tuple[np.ndarray, np.ndarray]:
   """(train tokens, held-out tokens) of config.corpora, split by document, cached."""
+  mixture = load_mixture(config, tokenizer)
+  return mixture.train_tokens, mixture.heldout_tokens
+
+
+def load_mixture(config, tokenizer, target: tuple[ModelConfig, PyTree] | None = None
+                 ) -> data.Mixture:
+  """The corpora of config.corpora ('bible', 'shakespeare', 'stdlib', 'chat'), each split
+  by document and cached, with their weights (`data.parse_mixture`).
+
+  'chat' is the target's own answers (`chat_corpus`): it needs `target` (config, params)
+  and config.chat's settings; 'stdlib' is capped at config.stdlib_max_chars characters.
+  """
+  names, weights = data.parse_mixture(config.corpora)
+  tag = f"{tokenizer.identity[:12]}-h{config.heldout_fraction:g}-s{config.split_seed}"
   train, held = [], []
-  for corpus in config.corpora:
-    docs = data.load_documents(corpus)
-    tr, he = data.split_documents(docs, config.heldout_fraction, seed=config.split_seed)
-    tag = f"{tokenizer.identity[:12]}-h{config.heldout_fraction:g}-s{config.split_seed}"
-    for split, part, out in (("train", tr, train), ("heldout", he, held)):
-      out.append(data.tokenize_cached(part, tokenizer, config.cache_dir,
-                                      f"{corpus}-{split}-{tag}", tokenizer.eos_id).tokens)
-  return np.concatenate(train), np.concatenate(held)
+  for corpus in names:
+    if corpus == "chat":
+      tr, he = _chat_split(config, tokenizer, target)
+    else:
+      docs = data.load_documents(
+          corpus, max_chars=int(config.get("stdlib_max_chars", data.STDLIB_MAX_CHARS)))
+      parts = data.split_documents(docs, config.heldout_fraction, seed=config.split_seed)
+      version = data.corpus_version(corpus)
+      tr, he = (data.tokenize_cached(part, tokenizer, config.cache_dir,
+                                     f"{corpus}-{split}-{tag}" + (f"-{version}" * bool(version)),
+                                     tokenizer.eos_id, version=version).tokens
+                for split, part in zip(("train", "heldout"), parts))
+    train.append(tr)
+    held.append(he)
+  return data.Mixture(names, weights, tuple(train), tuple(held))
+
+
+CHAT_DEFAULTS = dict(instructions=chat_corpus.INSTRUCTIONS, samples=1, max_new_tokens=256,
+                     batch_size=16, temperature=0.7, top_p=1.0, seed=0, limit=0)
+
+
+def _chat_split(config, tokenizer, target) -> tuple[np.ndarray, np.ndarray]:
+  """(train, held-out) tokens of the 'chat' corpus, split by instruction."""
+  if target is None:
+    raise ValueError("corpus 'chat' is the target's own answers: it needs a target "
+                     "(distillation), not pretraining from scratch")
+  settings = {**CHAT_DEFAULTS, **dict(config.get("chat", None) or {})}
+  if unknown := set(settings) - set(CHAT_DEFAULTS):
+    raise ValueError(f"unknown config.chat settings {sorted(unknown)}; expected "
+                     f"{sorted(CHAT_DEFAULTS)}")
+  target_config, target_params = target
+  instructions = chat_corpus.load_instructions(settings.pop("instructions"))
+  limit = int(settings.pop("limit"))  # > 0: the first `limit` instructions (tiny runs)
+  docs = chat_corpus.generate_chat_corpus(
+      config.cache_dir, instructions[:limit] if limit > 0 else instructions,
+      tokenizer=tokenizer, target_params=target_params, target_config=target_config,
+      target_identity=ckpt_lib.target_identity(target_config, target_params), **settings)
+  names = [data.Document(name, "") for name in docs]
+  tr, he = data.split_documents(names, config.heldout_fraction, seed=config.split_seed)
+  return tuple(np.concatenate([docs[d.name] for d in part]) for part in (tr, he))
 
 
 def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
@@ -71,15 +119,20 @@ def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
   """The draft's ModelConfig: config.draft dims on the target's vocabulary and RoPE.
 
   config.draft.head_vocab = C > 0 gives a vocabulary-subset head on C ids: those in
-  `always` (e.g. EOS) and the most frequent train_tokens; 0 or absent: the full vocabulary.
+  `always` (e.g. EOS) and the most frequent train_tokens (int32 [N_train], or a
+  `data.Mixture`: frequencies weighted by corpus); 0 or absent: the full vocabulary.
   """
   head_vocab = int(config.draft.get("head_vocab", 0) or 0)
   head_tokens = ()
   if head_vocab:
     if train_tokens is None:
       raise ValueError("draft.head_vocab > 0 needs the training tokens to rank")
-    head_tokens = data.frequent_tokens(train_tokens, head_vocab, target_config.vocab_size,
-                                       always=always)
+    if isinstance(train_tokens, data.Mixture):  # ranked over the whole weighted mix
+      head_tokens = train_tokens.frequent_tokens(head_vocab, target_config.vocab_size,
+                                                 always=always)
+    else:
+      head_tokens = data.frequent_tokens(train_tokens, head_vocab, target_config.vocab_size,
+                                         always=always)
   feature = {}
   if config.draft.get("feature_layers"):  # a feature draft reads this target's width
     feature = dict(feature_width=target_config.embed_dim)
@@ -225,9 +278,11 @@ class DistillSetup:
   settings: DistillSettings
   optim: OptimizerSettings
   train_tokens: np.ndarray  # int32 [N_train]
-  windows: np.ndarray  # int32 [eval_windows, seq_len+1], held-out documents
+  windows: np.ndarray  # int32 [E*eval_windows, seq_len+1], held-out documents (all sets)
   keys: dict[str, Array]  # 'draft_init', 'train'
   mesh: Any = None  # a ('data', 'model') jax.sharding.Mesh from config.mesh, or None
+  mixture: data.Mixture | None = None  # the corpora, per corpus, with their weights
+  eval_sets: dict[str, np.ndarray] | None = None  # {corpus or 'all': int32 [eval_windows, T+1]}
 
 
 def setup_distillation(config) -> DistillSetup:
@@ -239,13 +294,13 @@ def setup_distillation(config) -> DistillSetup:
   mesh = sharding.make_mesh(config.mesh) if config.get("mesh", "") else None
   tokenizer = loading.load_tokenizer(config.tokenizer)
   target_config, target_params = load_target(config, tokenizer)
-  train_tokens, held_tokens = load_corpus(config, tokenizer)
+  mixture = load_mixture(config, tokenizer, (target_config, target_params))
   settings = DistillSettings(
       loss=config.loss, temperature=config.temperature,
       greedy_temperature=config.greedy_temperature,
       prompt_len=config.prompt_len if config.on_policy_fraction > 0 else 0,
       vocab_size=getattr(tokenizer, "vocab_size", None), unroll=int(config.get("unroll", 1)))
-  draft_config = draft_config_from(config, target_config, train_tokens,
+  draft_config = draft_config_from(config, target_config, mixture,
                                    always=_special_ids(tokenizer))
   if draft_config.kind == "feature" and config.on_policy_fraction > 0:
     raise ValueError(f"a feature draft trains teacher-forced on cached target outputs; set "
@@ -253,14 +308,33 @@ def setup_distillation(config) -> DistillSetup:
   if draft_config.kind == "feature" and jax.process_count() > 1:
     raise ValueError("a feature draft's target-output cache is written by one process: "
                      f"run with one process (got {jax.process_count()}); a mesh is fine")
+  eval_sets = mixture.heldout_windows(config.eval_windows, config.seq_len,
+                                      seed=config.split_seed)
   return DistillSetup(
       tokenizer=tokenizer, target_config=target_config,
       target_params=commit(target_params, mesh),
       draft_config=draft_config, settings=settings,
-      optim=_optim(config), train_tokens=train_tokens,
-      windows=data.heldout_windows(held_tokens, config.eval_windows, config.seq_len,
-                                   seed=config.split_seed),
-      keys=_named_keys(config.seed, "draft_init", "train"), mesh=mesh)
+      optim=_optim(config), train_tokens=mixture.train_tokens,
+      windows=np.concatenate(list(eval_sets.values())),
+      keys=_named_keys(config.seed, "draft_init", "train"), mesh=mesh, mixture=mixture,
+      eval_sets=eval_sets)
+
+
+def evaluate_sets(draft_params, *, eval_sets: dict[str, np.ndarray], **kwargs
+                  ) -> dict[str, float]:
+  """`evaluate` on each held-out set: one set 'all' gives its measures as they are;
+  several (one per corpus) give '<corpus>/<measure>' for each and, unprefixed, their
+  mean over all positions."""
+  if list(eval_sets) == ["all"]:
+    return evaluate(draft_params, windows=eval_sets["all"], **kwargs)
+  per = {name: evaluate(draft_params, windows=w, **kwargs) for name, w in eval_sets.items()}
+  total = sum(r["positions"] for r in per.values())
+  out = {k: sum(r[k] * r["positions"] for r in per.values()) / total
+         for k in next(iter(per.values())) if k != "positions"}
+  out["positions"] = int(total)
+  for name, r in per.items():
+    out |= {f"{name}/{k}": v for k, v in r.items() if k != "positions"}
+  return out
 
 
 def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
@@ -277,7 +351,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   setup = setup_distillation(config)
   mesh = setup.mesh
-  tokenizer, draft_config, train_tokens = setup.tokenizer, setup.draft_config, setup.train_tokens
+  tokenizer, draft_config = setup.tokenizer, setup.draft_config
   target_config, target_params = setup.target_config, setup.target_params
   settings, optim, keys = setup.settings, setup.optim, setup.keys
   identity = ckpt_lib.run_identity(draft_config, tokenizer.identity,
@@ -286,9 +360,11 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       f"{config.draft_init}: {draft_config}")
 
   evaluate_fn = functools.partial(
-      evaluate, target_params=target_params, windows=setup.windows, draft_config=draft_config,
-      target_config=target_config, temperatures=tuple(sorted({0.0, 1.0, config.temperature})),
-      batch_size=config.eval_batch_size, vocab_size=settings.vocab_size)
+      evaluate_sets, target_params=target_params, eval_sets=setup.eval_sets,
+      draft_config=draft_config, target_config=target_config,
+      temperatures=tuple(sorted({0.0, 1.0, config.temperature})),
+      batch_size=config.eval_batch_size, vocab_size=settings.vocab_size,
+      depth=int(config.get("eval_depth", 1)))
   like = sharding.abstract(
       jax.eval_shape(lambda p: init_train_state(p, keys["train"], optim).to_dict(),
                      param_shapes(draft_config)), mesh)
@@ -306,13 +382,16 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
     state, extra = TrainState.from_dict(restored[0], mesh), restored[1]
     extra["resumed_from"] = extra.get("resumed_from", []) + [int(state.step)]
     log(f"resumed from step {int(state.step)} in {checkpointer.directory}")
+  commit_id, dirty = git_state()  # each start or resume: the command and the code it ran
+  extra["starts"] = extra.get("starts", []) + [dict(
+      step=int(state.step), command=command_line(), git_commit=commit_id, git_dirty=dirty)]
 
   cache_seconds = 0.0
   if draft_config.kind == "feature":
     clock = time.perf_counter()
     cache = build_feature_cache(
         workdir / "feature_cache",
-        corpus_windows(train_tokens, config.feature_cache_windows, config.seq_len, config.seed),
+        setup.mixture.windows(config.feature_cache_windows, config.seq_len, config.seed),
         target_params=target_params, target_config=target_config, draft_config=draft_config,
         temperature=settings.temperature, greedy_temperature=settings.greedy_temperature,
         identity={"target": identity["target"], "tokenizer": tokenizer.identity}, log=log)
@@ -328,7 +407,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
                               mesh=mesh)
 
     def batch_fn(step):
-      tokens = data.batch_at(train_tokens, config.batch_size, config.seq_len, config.seed, step)
+      tokens = setup.mixture.batch_at(config.batch_size, config.seq_len, config.seed, step)
       return {"tokens": tokens[:, :-1],
               "on_policy": np.bool_(is_on_policy(step, config.on_policy_fraction))}
 
@@ -350,7 +429,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       "loss": config.loss, "temperature": config.temperature,
       "training_time_s": extra.get("train_time_s"), "steps": int(state.step),
       "draft_kind": draft_config.kind, "feature_cache_s": cache_seconds,
-      "resumed_from": extra.get("resumed_from", []),
+      "resumed_from": extra.get("resumed_from", []), "starts": extra.get("starts", []),
       "seeds": {"seed": config.seed, "split_seed": config.split_seed,
                 "target_seed": config.target_model.seed if config.target == "random_tiny"
                 else None},
