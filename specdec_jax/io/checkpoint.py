@@ -13,7 +13,12 @@ next start). Restoring checks `identity` first and raises ValueError naming both
 when the run's draft config, tokenizer or target differ from the checkpoint's.
 
 A finished draft (`save_params` / `load_params`) is a directory with `params/` (orbax)
-and `model.json` (the ModelConfig dict, the tokenizer identity and free-form extras).
+and `model.json` (the ModelConfig dict, the tokenizer identity, the params' sha256 and
+free-form extras). A draft meant to be shipped is saved with `params_dtype='float16'`
+(half the bytes): model.json then records that dtype and the sha256 of every file under
+`params/`, and `load_params` restores float16 leaves, checks both hashes and casts the
+params to the config's dtype; a file of another dtype or content than model.json says is
+refused.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -182,6 +188,13 @@ def restore_latest(directory: str | os.PathLike, like: PyTree, *,
 _MODEL_JSON = "model.json"
 
 
+def files_checksums(directory: str | os.PathLike) -> dict[str, str]:
+  """{relative path: sha256 hex} of every file under `directory`, sorted by path."""
+  directory = pathlib.Path(directory)
+  return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def nonfinite_leaves(tree: PyTree) -> list[str]:
   """Paths of the floating leaves of `tree` holding NaN or ±inf (one host read per leaf)."""
   bad = []
@@ -192,10 +205,25 @@ def nonfinite_leaves(tree: PyTree) -> list[str]:
   return bad
 
 
+def _cast_floats(params: PyTree, dtype) -> PyTree:
+  """Every floating leaf of `params` as `dtype` (numpy, on the host); others unchanged."""
+  def cast(x):
+    x = np.asarray(jax.device_get(x))
+    return x.astype(dtype) if np.issubdtype(x.dtype, np.floating) else x
+  return jax.tree.map(cast, params)
+
+
 def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfig, *,
-                tokenizer_identity: str, extra: dict | None = None) -> pathlib.Path:
-  """Writes `directory/params` (orbax) and `directory/model.json`; replaces an old save."""
+                tokenizer_identity: str, extra: dict | None = None,
+                params_dtype: str | None = None) -> pathlib.Path:
+  """Writes `directory/params` (orbax) and `directory/model.json`; replaces an old save.
+
+  params_dtype ('float16', ...): floating leaves are stored in that dtype, and model.json
+  records it and the sha256 of each stored file (see the module docstring).
+  """
   directory = pathlib.Path(directory).absolute()
+  if params_dtype is not None:
+    params = _cast_floats(params, np.dtype(params_dtype))
   if bad := nonfinite_leaves(params):  # before touching the directory: an old save survives
     raise ValueError(f"refusing to save non-finite params to {directory}: NaN or inf in "
                      f"{', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}")
@@ -206,6 +234,9 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
     ckptr.wait_until_finished()
   meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
           "params_sha256": params_checksum(params), "extra": dict(extra or {})}
+  if params_dtype is not None:
+    meta |= {"params_dtype": np.dtype(params_dtype).name,
+             "files_sha256": files_checksums(directory / "params")}
   atomic_write_json(directory / _MODEL_JSON, meta)
   return directory
 
@@ -215,8 +246,9 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
   """(params, config, meta) of a `save_params` directory.
 
   Raises FileNotFoundError if it is incomplete, ValueError naming the file and the problem
-  if `model.json` is unreadable or edited, the params are truncated, corrupt or of other
-  shapes than its config (the params' sha256 in `model.json` is checked), or if
+  if `model.json` is unreadable or edited, the params are truncated, corrupt, of other
+  shapes than its config (the params' sha256 in `model.json` is checked) or not finite
+  (NaN / inf: such a draft could only waste target calls), or if
   `tokenizer_identity` is given and differs from the saved one.
   """
   directory = pathlib.Path(directory).absolute()
@@ -232,7 +264,22 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
   if tokenizer_identity is not None and saved_tokenizer != str(tokenizer_identity):
     raise ValueError(f"{directory} was trained with tokenizer {saved_tokenizer[:16]}..., "
                      f"but this run uses {str(tokenizer_identity)[:16]}...")
+  stored = meta.get("params_dtype")
   like = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+  if stored is not None:  # a shipped (e.g. float16) save: every stored file must be as recorded
+    try:
+      stored = np.dtype(stored)
+      recorded = dict(meta["files_sha256"])
+    except (TypeError, KeyError, ValueError) as e:
+      raise ValueError(f"{meta_path} records params_dtype {meta.get('params_dtype')!r} "
+                       f"without valid files_sha256 ({type(e).__name__}: {e})") from None
+    found = files_checksums(directory / "params")
+    if found != recorded:
+      bad = sorted(k for k in set(found) | set(recorded) if found.get(k) != recorded.get(k))
+      raise ValueError(f"{directory / 'params'} differs from {meta_path.name} in {bad[:4]}: "
+                       "the files were changed or replaced after saving")
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, stored if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), like)
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(directory / "params", like)
@@ -240,6 +287,12 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     raise ValueError(f"{directory / 'params'} cannot be restored as the model of "
                      f"{meta_path.name} ({type(e).__name__}: {first})") from None
+  if stored is not None:  # orbax casts on restore: check the dtype the files hold
+    held = {str(np.dtype(m.dtype)) for m in jax.tree.leaves(_stored_metadata(
+        directory / "params")) if np.issubdtype(np.dtype(m.dtype), np.floating)}
+    if held != {stored.name}:
+      raise ValueError(f"{directory / 'params'} holds {sorted(held)} params, but "
+                       f"{meta_path.name} says {stored.name}")
   if params_checksum(params) != saved_sha:
     raise ValueError(f"{directory / 'params'} do not match the sha256 in {meta_path.name}: "
                      "the params or model.json were changed after saving")
@@ -247,4 +300,15 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     raise ValueError(f"{directory / 'params'} holds NaN or inf in {', '.join(bad[:4])}"
                      f"{' ...' if len(bad) > 4 else ''}: refusing a model with non-finite "
                      "params")
+  if stored is not None:
+    params = jax.tree.map(lambda x: jnp.asarray(x, config.jnp_dtype)
+                          if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   return params, config, meta
+
+
+def _stored_metadata(path: pathlib.Path) -> PyTree:
+  """The tree of stored array metadata (shape, dtype) of an orbax params directory."""
+  with ocp.StandardCheckpointer() as ckptr:
+    meta = ckptr.metadata(path)
+  meta = getattr(meta, "item_metadata", meta)
+  return getattr(meta, "tree", meta)
