@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-all bench results results-measure clean
+.PHONY: run test test-all bench results results-measure distill clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ results: $(STAMP)
 results-measure: $(STAMP)
 	$(PY) scripts/measure_results.py
 	$(PY) scripts/results.py
+
+# the shipped draft from scratch (configs/distill_feature_shipped.py: ~2 h on 2 CPU cores, at
+# low priority; re-running resumes), exported in float16 to $(SHIPPED_DRAFT)
+DISTILL_WORKDIR ?= runs/distill_feature_shipped
+SHIPPED_DRAFT ?= drafts/smollm2_feature_v1
+distill: $(STAMP)
+	nice -n 19 $(PY) scripts/distill.py --config=configs/distill_feature_shipped.py \
+		--workdir=$(DISTILL_WORKDIR)
+	$(PY) scripts/export_draft.py --workdir=$(DISTILL_WORKDIR) --out=$(SHIPPED_DRAFT) \
+		--command="make distill"
 
 clean:
 	rm -rf $(VENV) .pytest_cache
