@@ -172,6 +172,16 @@ def test_float16_save_round_trip_is_exact_greedily(feature_pair, tmp_path):
   assert spec.acceptance_rate() > 0  # the draft did propose accepted tokens
 
 
+def test_a_draft_is_checked_against_the_target_it_was_trained_for(feature_pair):
+  target, tp, _, _ = feature_pair
+  meta = {"extra": {"target": ckpt_lib.target_identity(target, tp)}}
+  ckpt_lib.check_draft_target(meta, target, tp)
+  with pytest.raises(ValueError, match="trained against target"):
+    ckpt_lib.check_draft_target(meta, target, jax.tree.map(lambda x: x + 1, tp))
+  with pytest.raises(ValueError, match="no target identity"):
+    ckpt_lib.check_draft_target({"extra": {}}, target, tp)
+
+
 def test_float16_files_other_than_model_json_says_are_refused(feature_pair, tmp_path):
   _, _, draft, dp = feature_pair
   good = tmp_path / "good"

@@ -65,6 +65,19 @@ def target_identity(config: ModelConfig | None, params: PyTree | None) -> str:
   return f"config:{config_hash(config)[:16]}-params:{params_checksum(params)[:16]}"
 
 
+def check_draft_target(meta: dict, target_config: ModelConfig, target_params: PyTree,
+                       where: str = "the draft") -> None:
+  """Raises ValueError unless the target identity a saved draft's model.json records
+  (`meta['extra']['target']`, written by distillation and export) is this target's."""
+  saved = (meta.get("extra") or {}).get("target")
+  if not isinstance(saved, str):
+    raise ValueError(f"{where} records no target identity in its model.json")
+  current = target_identity(target_config, target_params)
+  if saved != current:
+    raise ValueError(f"{where} was trained against target {saved}, but this target is "
+                     f"{current}")
+
+
 def run_identity(draft_config: ModelConfig, tokenizer_identity: str,
                  target: str) -> dict[str, Any]:
   """The identity a checkpoint carries and a restore must match."""

@@ -1,0 +1,40 @@
+"""The shipped draft (drafts/smollm2_feature_v1, written by `make distill`): it loads in
+float16, was trained against this target and tokenizer, and greedy speculative decoding
+with it gives greedy autoregressive decoding's tokens. Skipped until the draft exists."""
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_jax import loading
+from specdec_jax.io import checkpoint as ckpt_lib
+
+SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "drafts" / "smollm2_feature_v1"
+pytestmark = [
+    pytest.mark.slow,  # loads SmolLM2 and compiles its decode loops (~1 min)
+    pytest.mark.skipif(not (SHIPPED / "model.json").exists(),
+                       reason=f"no shipped draft at {SHIPPED.name} (make distill)"),
+]
+
+
+def test_shipped_draft_matches_its_target_and_decodes_exactly():
+  meta = json.loads((SHIPPED / "model.json").read_text("utf-8"))
+  assert meta["params_dtype"] == "float16"
+  size = sum(p.stat().st_size for p in (SHIPPED / "params").rglob("*") if p.is_file())
+  assert size <= 25 * 2**20
+  tokenizer = loading.load_tokenizer("smollm2")
+  target_config, target_params = loading.load_target("smollm2", tokenizer)
+  params, config, meta = ckpt_lib.load_params(SHIPPED, tokenizer_identity=tokenizer.identity)
+  ckpt_lib.check_draft_target(meta, target_config, target_params, where=str(SHIPPED.name))
+  prompts = loading.encode_prompts(tokenizer, ["Write a haiku about the sea.",
+                                               "def fibonacci(n):"], chat=False)
+  greedy = SamplingConfig(temperature=0.0)
+  plain = autoregressive_generate(target_params, prompts, target_config=target_config,
+                                  max_new_tokens=12, sampling=greedy)
+  spec = speculative_generate(target_params, params, prompts, target_config=target_config,
+                              draft_config=config, gamma=3, max_new_tokens=12,
+                              sampling=greedy)
+  assert np.array_equal(spec.tokens, plain.tokens)
