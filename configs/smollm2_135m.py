@@ -23,6 +23,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
   # 'none' | 'saved:<dir>' (a feature or an independent draft) | 'truncate:<k>' | 'random'
   c.draft = "saved:artifacts/smollm2_feature_draft"
+  # The feature draft of a 'hybrid:<n>' draft (configs/hybrid_smollm2.py): the default one.
+  c.feature_draft = c.draft
   c.draft_model = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       tie_embeddings=False))

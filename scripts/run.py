@@ -43,10 +43,12 @@ _RUN_LOOKUP = flags.DEFINE_bool("lookup", True, "also run --lookup_config (step 
 
 
 def ensure_draft(config, distill_config) -> None:
-  """Distils and saves the config's draft if it is a missing 'saved:<dir>'."""
-  if not config.draft.startswith("saved:"):
+  """Distils and saves the config's draft (a hybrid's: its feature draft) if it is a
+  missing 'saved:<dir>'."""
+  spec = config.feature_draft if config.draft.startswith("hybrid:") else config.draft
+  if not spec.startswith("saved:"):
     return
-  draft_dir = pathlib.Path(config.draft[len("saved:"):])
+  draft_dir = pathlib.Path(spec[len("saved:"):])
   if not draft_dir.is_absolute():
     draft_dir = pathlib.Path(_bootstrap.ROOT) / draft_dir
   if (draft_dir / "model.json").exists():

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from helpers import SIGNIFICANCE, chi_square_pvalue, noise_params, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax import speculative as spec
 from specdec_jax.io import checkpoint as ckpt_lib
@@ -212,3 +212,24 @@ def test_hybrid_draft_names_and_errors(greedy_pair, tmp_path):
     HybridDraft(hybrid.feature, 0, 2)
   with pytest.raises(ValueError, match="fuse"):  # a hybrid's params are its feature draft's
     generate(greedy_pair[:3] + (tp,), max_new_tokens=2)
+
+
+def test_load_pair_resolves_hybrid_from_config(tmp_path):
+  """configs/tiny.py with draft 'hybrid:2' and config.feature_draft naming a saved
+  feature draft of its target: the one loader builds the HybridDraft around it."""
+  from configs import tiny
+  from specdec_jax.loading import load_pair
+  config = tiny.get_config()
+  config.target_model.update(num_layers=2, embed_dim=32, mlp_dim=64, num_heads=2,
+                             num_kv_heads=1, head_dim=16)
+  feature = tiny_config(vocab=257, layers=1, width=16, tie_embeddings=False,
+                        feature_layers=(1, 2), feature_width=32)
+  ckpt_lib.save_params(tmp_path / "f", noise_params(feature), feature,
+                       tokenizer_identity=ByteTokenizer.identity)
+  config.draft, config.feature_draft = "hybrid:2", f"saved:{tmp_path / 'f'}"
+  pair = load_pair(config)
+  assert pair.draft_config == HybridDraft(feature.replace(max_seq_len=512), 2, 2)
+  assert pair.draft_params["fuse"].shape == (64, 16) and pair.vocab_size == 257
+  config.feature_draft = "truncate:1"
+  with pytest.raises(ValueError, match="is not a feature draft"):
+    load_pair(config)
