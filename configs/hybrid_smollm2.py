@@ -19,8 +19,9 @@ config.feature_draft (here the default draft of configs/smollm2_135m.py). Why 3 
 not 1 or 2: a match of one or two BPE tokens (", and", " of the") recurs by chance in
 ordinary prose and would replace the feature draft's proposal with a near-arbitrary
 continuation; three tokens recur mostly where the text really repeats (refrains,
-code, lists, greedy loops), where a lookup is nearly always right. Exact at any temperature: the choice of branch depends only on tokens already
-known (tests/test_hybrid.py). Expected: the same greedy text as --config.draft=none.
+code, lists, greedy loops), where a lookup is nearly always right. Exact at any
+temperature: the choice of branch depends only on tokens already known
+(tests/test_hybrid.py). Expected: the same greedy text as --config.draft=none.
 """
 
 import ml_collections
