@@ -6,9 +6,9 @@ Offline we have the target: each instruction (a list shipped in the repository,
 `configs/prompts/train_instructions.json`) goes through the tokenizer's chat template
 (ChatML for SmolLM2) and the target answers it with our own batched
 `autoregressive_generate`, `samples` times at temperature `temperature` (top-p
-optional). Row r of the work list (instruction i, sample s: r = s * I + i) is sampled
-with row id r and the one recorded `seed`, so its answer depends only on (seed, r, the
-instruction, the settings) — never on the batch it ran in.
+optional). Sample s of instruction i is decoded with row id r = i * MAX_SAMPLES + s and
+the one recorded `seed`, so its answer depends only on (seed, i, s, the instruction, the
+settings) — never on the batch it ran in, the batch size or the number of samples.
 
 A document is one instruction: for each sample, prompt tokens (chat template +
 instruction) then response tokens, ending in EOS. Training uses the whole sequence: the
@@ -18,9 +18,12 @@ scaffolding is a few tokens per document. Held-out data is split by instruction 
 samples of one instruction on one side), as the other corpora split by document.
 
 The answers are cached under `cache_dir/chat-<16 hex of the identity>/`: `meta.json`
-(the identity: target, tokenizer, instructions, settings) and one `batch_<k>.json` per
-finished batch, each written atomically. A killed generation keeps every finished
-batch and resumes at the first missing one with identical output.
+(the identity: target, tokenizer, instructions, max_new_tokens, temperature, top-p,
+seed) and one `batch_<first row>.json` per finished batch, each written atomically.
+Samples are generated sample-major (every instruction's sample 0, then sample 1, ...).
+A killed generation keeps every finished batch and generates only the missing answers
+when run again, with identical output; raising `samples` later adds answers to the same
+cache.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.model import ModelConfig
 
 INSTRUCTIONS = "configs/prompts/train_instructions.json"
+MAX_SAMPLES = 1024  # samples per instruction; row id = instruction * MAX_SAMPLES + sample
 _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -80,14 +84,15 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
                       ("batch_size", batch_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f"chat {name} must be an int >= 1, got {value!r}")
+  if samples > MAX_SAMPLES:
+    raise ValueError(f"chat samples must be <= {MAX_SAMPLES}, got {samples}")
   sampling = SamplingConfig(temperature=float(temperature), top_p=float(top_p))
   instructions = list(instructions)
   identity = {
       "target": str(target_identity), "tokenizer": str(tokenizer.identity),
       "instructions_sha256": hashlib.sha256(
           json.dumps(instructions, ensure_ascii=False).encode("utf-8")).hexdigest(),
-      "num_instructions": len(instructions), "samples": samples,
-      "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+      "num_instructions": len(instructions), "max_new_tokens": max_new_tokens,
       "temperature": float(temperature), "top_p": float(top_p), "seed": int(seed)}
   directory = pathlib.Path(cache_dir) / f"chat-{_sha16(identity)}"
   directory.mkdir(parents=True, exist_ok=True)
@@ -106,41 +111,46 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
 
   prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": t}]))
              for t in instructions]
-  work = [(s, i) for s in range(samples) for i in range(len(instructions))]  # row r = s*I+i
-  batches = [work[k:k + batch_size] for k in range(0, len(work), batch_size)]
-  paths = [directory / f"batch_{k:05d}.json" for k in range(len(batches))]
-  todo = [k for k, p in enumerate(paths) if not p.exists()]
+  answers = _read_answers(directory)
+  todo = [(s, i) for s in range(samples) for i in range(len(instructions))
+          if (s, i) not in answers]
   if todo:
     from tqdm import tqdm
-    if len(todo) < len(batches):
-      log(f"chat corpus: resuming at batch {todo[0]} of {len(batches)} ({directory})")
-    with tqdm(total=len(batches), initial=len(batches) - len(todo), desc="chat corpus",
-              dynamic_ncols=True) as bar:
-      for k in todo:
-        rows = [s * len(instructions) + i for s, i in batches[k]]
+    if answers:
+      log(f"chat corpus: {len(answers)} answers cached, generating {len(todo)} ({directory})")
+    with tqdm(total=len(todo), desc="chat corpus", unit="answer", dynamic_ncols=True) as bar:
+      for k in range(0, len(todo), batch_size):
+        batch = todo[k:k + batch_size]
+        rows = [i * MAX_SAMPLES + s for s, i in batch]
         result = autoregressive_generate(
-            target_params, [prompts[i] for _, i in batches[k]], target_config=target_config,
+            target_params, [prompts[i] for _, i in batch], target_config=target_config,
             max_new_tokens=max_new_tokens, sampling=sampling, seed=int(seed),
             row_ids=np.asarray(rows), eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
             vocab_size=tokenizer.vocab_size)
         records = [{"row": r, "instruction": i, "sample": s, "response": result.row(b)}
-                   for b, (r, (s, i)) in enumerate(zip(rows, batches[k]))]
-        atomic_write_json(paths[k], {"batch": k, "rows": records})
-        bar.update(1)
+                   for b, (r, (s, i)) in enumerate(zip(rows, batch))]
+        atomic_write_json(directory / f"batch_{rows[0]:09d}.json", {"rows": records})
+        answers |= {(s, i): rec["response"] for (s, i), rec in zip(batch, records)}
+        bar.update(len(batch))
         bar.set_postfix(tokens=sum(len(r["response"]) for r in records))
-  return _documents(paths, prompts, len(instructions), samples, tokenizer.eos_id)
+  return _documents(answers, prompts, samples, tokenizer.eos_id)
 
 
-def _documents(paths, prompts, num_instructions: int, samples: int,
-               eos_id: int) -> dict[str, np.ndarray]:
-  answers: dict[tuple[int, int], list[int]] = {}
-  for path in paths:
+def _read_answers(directory: pathlib.Path) -> dict[tuple[int, int], list[int]]:
+  """{(sample, instruction): response tokens} of every batch file in `directory`."""
+  answers = {}
+  for path in sorted(directory.glob("batch_*.json")):
     try:
       for r in json.loads(path.read_text("utf-8"))["rows"]:
         answers[int(r["sample"]), int(r["instruction"])] = [int(t) for t in r["response"]]
     except (ValueError, KeyError, TypeError) as e:
       raise ValueError(f"chat corpus file {path} is unreadable ({e}); delete it to "
-                       "regenerate that batch") from None
+                       "regenerate its answers") from None
+  return answers
+
+
+def _documents(answers, prompts, samples: int, eos_id: int) -> dict[str, np.ndarray]:
+  num_instructions = len(prompts)
   docs = {}
   for i in range(num_instructions):
     pieces = []
