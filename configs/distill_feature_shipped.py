@@ -23,7 +23,9 @@ target forward, ~5.5 GB under workdir/feature_cache) and the head's 8192 tokens 
 by frequency weighted by corpus). Every 300 steps the held-out α of each corpus (32
 windows of held-out documents each) is measured at T=0 and T=1 for drafted depths 1-3
 (`evaluate(..., depth=3)`); report.json keeps them all (`evals`), the α-vs-steps curve
-per domain.
+per domain. The chat documents are trained and measured whole, so chat's held-out α
+includes the prompt's tokens (ChatML scaffolding and instruction, ~40 of ~250 per
+answer), the scaffolding nearly certain: read it as an upper bound for answers alone.
 
 Budget (2 CPU cores): configs/distill_feature_smollm2.py measured 1.8-2.0 s per step
 alone and 2.8-3.3 s beside a test suite, 426 s of target forward per 131k tokens. Here:
