@@ -42,11 +42,23 @@ on every row, then rows where `ngram.lookup` finds a match take its proposals, q
 still drawn from the q handed to the verifier; the target call runs on the chosen x, so
 the features and re-read of the next step are the emitted tokens' whichever was chosen.
 
+Per-row proposal counts (`adaptive`). Each step, row b proposes γ_b <= G drafts: G for a
+fixed γ; 0 where a prompt lookup finds no match (a draft with nothing to say proposes
+nothing); with gamma='auto' (G = γ_max, a cost table given) `adaptive.choose_gamma` of
+the row's acceptance estimate. The step runs one of the static target-call widths
+k in `adaptive.call_widths` (a `lax.switch`, one compiled loop), the narrowest with
+k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (d = 1 at k = 1 gives q_1 for
+the estimate), the target sees [t, x_1..x_{k-1}], and xs, qs, ps are padded to G (zero
+q rows) so the verifier, called with num_proposed = γ_b, draws the same uniforms and
+emits the same tokens for a row whatever width its batch took. A feature draft's re-read
+keeps its fixed width G+1 at every k, so its cache and features stay those of the
+emitted tokens. With a fixed γ and no lookup the step is the single width G+1, unchanged.
+
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
   step_key[b, s]  = fold_in(row_key[b], s)             s = loop step, 0-based
   draft_key, verify_key = split(step_key[b, s])
-  draft_keys[i]   = split(draft_key, G)[i]              sample x_{i+1}
+  draft_keys[i]   = split(draft_key, G)[i]              sample x_{i+1} (i < d)
   verify: u_key, resample_key = split(verify_key)       u[1..G], correction/bonus
   autoregressive: the token of step s is sample(step_key[b, s], p).
 """
@@ -62,13 +74,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import ngram, sharding
+from specdec_jax import adaptive, ngram, sharding
 from specdec_jax.model import ModelConfig, forward, init_cache
+from specdec_jax.results import GenerationResult, reached_positions  # noqa: F401
+from specdec_jax.results import finish as _finish
 from specdec_jax.sampling import SamplingConfig, sample, warp
 from specdec_jax.verify import acceptance_probability, block_verify, valid_proposals, verify
 
 Array = jax.Array
-Verifier = Callable[[Array, Array, Array, Array], tuple[Array, Array]]
+# (xs, qs, ps, keys) -> (tokens, n), and the keyword num_proposed where rows may propose
+# fewer than G (gamma 'auto', prompt lookups): both verifiers of `verify` take it.
+Verifier = Callable[..., tuple[Array, Array]]
 # ModelConfig.kind 'model' | 'feature'; 'ngram'; 'hybrid' (lookup + a feature draft)
 DraftConfig = ModelConfig | ngram.NgramDraft | ngram.HybridDraft
 # The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
@@ -108,45 +124,8 @@ class DecodeState:
   features: Array | None  # float [B,G+1,F], a feature draft's target features (see above)
   accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
-
-
-@dataclasses.dataclass
-class GenerationResult:
-  """Host-side output of a generate call (numpy arrays)."""
-
-  tokens: np.ndarray  # int32 [B,M], generated tokens, pad_id past each row's length
-  lengths: np.ndarray  # int32 [B], generated tokens per row
-  num_steps: int  # loop steps taken (the slowest row's)
-  accepted: np.ndarray  # int32 [B,num_steps], -1 where a row was already done
-  accept_prob: np.ndarray  # float32 [B,num_steps,G] (G = 0 for autoregressive)
-
-  def row(self, b: int) -> list[int]:
-    return self.tokens[b, : self.lengths[b]].tolist()
-
-  @property
-  def steps_per_row(self) -> np.ndarray:
-    return (self.accepted >= 0).sum(axis=1)
-
-  def reached(self) -> np.ndarray:
-    """bool [B,steps,G]: drafted position j was reached (all drafts before it accepted)."""
-    return reached_positions(self.accepted, self.accept_prob.shape[-1])
-
-  def acceptance_rate(self) -> float:
-    """Accepted drafts / reached drafted positions: Σ n / Σ min(n + 1, γ)."""
-    reached = self.reached()
-    if not reached.any():
-      return float("nan")
-    active = self.accepted >= 0
-    return float(self.accepted[active].sum() / reached.sum())
-
-  def alpha(self) -> float:
-    """Mean exact acceptance probability Σ min(p,q) over reached drafted positions."""
-    reached = self.reached()
-    return float(self.accept_prob[reached].mean()) if reached.any() else float("nan")
-
-  def tokens_per_step(self) -> float:
-    steps = self.steps_per_row.sum()
-    return float(self.lengths.sum() / steps) if steps else float("nan")
+  gammas: Array  # int32 [B,M], drafts proposed per row per step (γ_b); -1 where it idled
+  alpha_estimate: Array | None = None  # float32 [B], α̂ of gamma='auto' (`adaptive`)
 
 
 # --------------------------------------------------------------------------- checks
@@ -277,7 +256,7 @@ def _draft_feature(target_params, draft_params, state: DecodeState, draft_keys: 
   own = (draft_config.num_layers,)  # the draft's last hidden state: its own context
   draft_sample = jax.vmap(functools.partial(sample, greedy=greedy))
   base = state.draft_cache["length"]  # ℓ_d [B]
-  offsets = jnp.arange(gamma + 1)[None, :]
+  offsets = jnp.arange(state.features.shape[1])[None, :]  # G+1 at every call width
   reread = jnp.take_along_axis(state.tokens, base[:, None] + offsets, axis=1)  # [B,G+1]
   logits, cache, hidden = forward(draft_params, reread, base[:, None] + offsets,
                                   state.draft_cache, config=draft_config, input_embed=embed,
@@ -329,8 +308,13 @@ def feature_part(draft_config: DraftConfig | None) -> ModelConfig | None:
 def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         target_config: ModelConfig, draft_config: DraftConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
-                        max_new_tokens: int, verifier: Verifier = block_verify) -> DecodeState:
-  """One speculative step for every row (see the module docstring). Not jitted."""
+                        max_new_tokens: int, verifier: Verifier = block_verify,
+                        costs: Array | None = None) -> DecodeState:
+  """One speculative step for every row (see the module docstring). Not jitted.
+
+  costs: float32 [G+2] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
+  None for a fixed γ.
+  """
   warp_fn = functools.partial(_warp_vocab, vocab=vocab_size, temperature=sampling.temperature,
                               top_k=sampling.top_k, top_p=sampling.top_p)
   feature = feature_part(draft_config) is not None
@@ -339,36 +323,74 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   split = jax.vmap(jax.random.split)(_step_keys(state))  # [B,2,2]
   draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
   verify_keys = split[:, 1]
-
-  if draft_config.kind == "ngram":
-    xs = ngram.propose(state.tokens, state.num_tokens, max_n=draft_config.max_n, gamma=gamma)
-    qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
-    draft_cache = None
-  else:
-    draft_fn = dict(model=_draft_model, feature=_draft_feature,
-                    hybrid=_draft_hybrid)[draft_config.kind]
-    xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys,
-                                   draft_config=draft_config, gamma=gamma, warp_fn=warp_fn,
-                                   greedy=sampling.temperature == 0)
-
-  target_in = jnp.concatenate([pending[:, None], xs], axis=1)  # [B,G+1]
-  positions = length[:, None] + jnp.arange(gamma + 1)[None, :]
-  out = forward(target_params, target_in, positions, _with_length(state.target_cache, length),
-                config=target_config,
-                hidden_layers=feature_part(draft_config).feature_layers if feature else ())
-  logits, target_cache = out[:2]
-  ps = warp_fn(logits)  # [B,G+1,V]
-
-  block, num_accepted = verifier(xs, qs, ps, verify_keys)
-  beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   live = ~state.done
+
+  # γ_b: the drafts row b proposes this step (module docstring, "Per-row proposal counts").
+  chosen = (jnp.full(length.shape, gamma, jnp.int32) if costs is None
+            else adaptive.choose_gamma(state.alpha_estimate, costs))
+  proposes = live  # rows whose draft has something to say
+  if draft_config.kind == "ngram":
+    looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=1,
+                                 max_n=draft_config.max_n, gamma=gamma)
+    proposes = live & found
+  chosen = jnp.where(proposes, chosen, 0)
+  widths = adaptive.call_widths(gamma, costs is not None, draft_config.kind == "ngram")
+
+  def draft_and_target(width: int):
+    """A branch: d = max(width-1, 1) drafts and a target call of `width` tokens ->
+    (xs [B,G], qs [B,G,V], ps [B,G+1,V], target cache, draft cache, features [B,G+1,F])."""
+    def run():
+      d = max(width - 1, 1)
+      if draft_config.kind == "ngram":
+        xs = looked[:, :d]
+        qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
+        draft_cache = None
+      else:
+        draft_fn = dict(model=_draft_model, feature=_draft_feature,
+                        hybrid=_draft_hybrid)[draft_config.kind]
+        xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys[:, :d],
+                                       draft_config=draft_config, gamma=d, warp_fn=warp_fn,
+                                       greedy=sampling.temperature == 0)
+      target_in = jnp.concatenate([pending[:, None], xs[:, :width - 1]], axis=1)  # [B,k]
+      positions = length[:, None] + jnp.arange(width)[None, :]
+      out = forward(target_params, target_in, positions,
+                    _with_length(state.target_cache, length), config=target_config,
+                    hidden_layers=feature_part(draft_config).feature_layers if feature else ())
+      ps = warp_fn(out[0])  # [B,k,V]
+      features = out[2].astype(state.features.dtype) if feature else None
+      if width < gamma + 1:
+        # Pad to G: zero q rows are never proposals, and the p rows past k (finite copies
+        # of p_k) are never drawn from, since every row's γ_b <= k - 1.
+        xs = jnp.pad(xs, ((0, 0), (0, gamma - d)))
+        qs = jnp.pad(qs, ((0, 0), (0, gamma - d), (0, 0)))
+        ps = jnp.pad(ps, ((0, 0), (0, gamma + 1 - width), (0, 0)), mode="edge")
+        if feature:
+          features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
+      return xs, qs, ps, out[1], draft_cache, features
+    return run
+
+  if len(widths) == 1:  # a fixed γ, every row proposes G: today's step
+    xs, qs, ps, target_cache, draft_cache, features = draft_and_target(widths[0])()
+    block, num_accepted = verifier(xs, qs, ps, verify_keys)
+  else:
+    xs, qs, ps, target_cache, draft_cache, features = jax.lax.switch(
+        adaptive.width_index(widths, chosen), [draft_and_target(k) for k in widths])
+    block, num_accepted = verifier(xs, qs, ps, verify_keys, num_proposed=chosen)
+  beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   state = state.replace(
       accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),
-      accept_prob=state.accept_prob.at[:, state.step].set(beta))
+      accept_prob=state.accept_prob.at[:, state.step].set(beta),
+      gammas=state.gammas.at[:, state.step].set(jnp.where(live, chosen, -1)))
+  if costs is not None:  # observed: proposed (or q_1 of a γ_b = 0 step) and reached
+    j = jnp.arange(gamma)[None, :]
+    observed = (proposes[:, None] & (j <= num_accepted[:, None])
+                & (j < jnp.maximum(chosen, 1)[:, None]))
+    state = state.replace(
+        alpha_estimate=adaptive.update_alpha(state.alpha_estimate, beta, observed))
   state, _ = _emit(state, block, num_accepted + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
   new_length = state.num_tokens - 1
   if feature:  # the re-read of the next step starts right after the pending token t
-    state = state.replace(features=out[2].astype(state.features.dtype))
+    state = state.replace(features=features)
     draft_cache = _with_length(draft_cache, length + 1)
   elif draft_cache is not None:
     draft_cache = _with_length(draft_cache, new_length)
@@ -393,7 +415,9 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
   greedy = sampling.temperature == 0
   token = jax.vmap(functools.partial(sample, greedy=greedy))(_step_keys(state), p)
   live = ~state.done
-  state = state.replace(accepted=state.accepted.at[:, state.step].set(jnp.where(live, 0, -1)))
+  idle = jnp.where(live, 0, -1)
+  state = state.replace(accepted=state.accepted.at[:, state.step].set(idle),
+                        gammas=state.gammas.at[:, state.step].set(idle))
   state, _ = _emit(state, token[:, None], jnp.ones_like(length), eos_id=eos_id,
                    max_new_tokens=max_new_tokens)
   return state.replace(target_cache=_with_length(target_cache, state.num_tokens - 1),
@@ -405,7 +429,7 @@ _STEP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_si
 
 speculative_step = jax.jit(speculative_step_fn, static_argnames=_STEP_STATICS)
 speculative_step.__doc__ = ("Jitted `speculative_step_fn`: (target_params, draft_params, state, "
-                            "*, statics) -> state.")
+                            "*, statics, costs=None) -> state.")
 autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
     "target_config", "sampling", "vocab_size", "eos_id", "max_new_tokens"))
 
@@ -414,11 +438,13 @@ autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
 
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
                *, target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
-               max_new_tokens: int, mesh=None) -> DecodeState:
+               max_new_tokens: int, mesh=None, adaptive_gamma: bool = False) -> DecodeState:
   """Prefills both caches with the prompts (cache-only calls) and builds the state.
 
   mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches are pinned to
   `sharding.cache_sharding` (batch over 'data', kv heads over 'model').
+  adaptive_gamma: gamma='auto' (gamma = γ_max): every row's α̂ starts at
+  `adaptive.ALPHA_PRIOR`.
 
   A feature draft reads the target's prefill features shifted by one position
   (position 0 gets zeros) and starts with ℓ_d = ℓ (see the module docstring).
@@ -467,11 +493,14 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       features=features,
       accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
+      gammas=jnp.full((batch, max_new_tokens), -1, jnp.int32),
+      alpha_estimate=(jnp.full((batch,), adaptive.ALPHA_PRIOR, jnp.float32)
+                      if adaptive_gamma else None),
   )
 
 
 init_state_jit = jax.jit(init_state, static_argnames=(
-    "target_config", "draft_config", "gamma", "max_new_tokens", "mesh"))
+    "target_config", "draft_config", "gamma", "max_new_tokens", "mesh", "adaptive_gamma"))
 
 
 def _any_live(state: DecodeState, axis_name: str | None) -> Array:
@@ -485,23 +514,27 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
                 target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
                 sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                 max_new_tokens: int, verifier: Verifier = block_verify,
-                axis_name: str | None = None, mesh=None) -> DecodeState:
+                axis_name: str | None = None, mesh=None, costs=None) -> DecodeState:
   """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive.
 
   axis_name: the pmap axis (`parallel.pmap_generate`); mesh: the device mesh of sharded
-  inputs (`parallel.mesh_generate`). Neither changes a token.
+  inputs (`parallel.mesh_generate`). Neither changes a token. costs: float32 [G+2]
+  (`adaptive.CostTable.as_array`, a traced input: any table, one compiled loop) for
+  gamma='auto' with γ_max = gamma; None for a fixed γ.
   """
   state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
                      target_config=target_config, draft_config=draft_config,
                      gamma=gamma if draft_config is not None else 0,
-                     max_new_tokens=max_new_tokens, mesh=mesh)
+                     max_new_tokens=max_new_tokens, mesh=mesh,
+                     adaptive_gamma=costs is not None)
   common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab_size,
                 eos_id=eos_id, max_new_tokens=max_new_tokens)
   if draft_config is None:
     body = functools.partial(autoregressive_step_fn, target_params, **common)
   else:
     body = functools.partial(speculative_step_fn, target_params, draft_params,
-                             draft_config=draft_config, gamma=gamma, verifier=verifier, **common)
+                             draft_config=draft_config, gamma=gamma, verifier=verifier,
+                             costs=costs, **common)
 
   def cond(s):
     return _any_live(s, axis_name) & (s.step < max_new_tokens)
@@ -514,28 +547,6 @@ _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_si
 decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
 
 
-def _finish(state: DecodeState, max_new_tokens: int, pad_id: int) -> GenerationResult:
-  state = jax.device_get(state.replace(target_cache=None, draft_cache=None,  # no KV copy
-                                       features=None))
-  tokens = np.asarray(state.tokens)
-  prompt_len = np.asarray(state.prompt_len)
-  lengths = np.asarray(state.num_tokens) - prompt_len
-  out = np.full((tokens.shape[0], max_new_tokens), pad_id, np.int32)
-  for b in range(tokens.shape[0]):
-    out[b, : lengths[b]] = tokens[b, prompt_len[b]: prompt_len[b] + lengths[b]]
-  steps = int(state.step)
-  return GenerationResult(tokens=out, lengths=lengths.astype(np.int32), num_steps=steps,
-                          accepted=np.asarray(state.accepted)[:, :steps],
-                          accept_prob=np.asarray(state.accept_prob)[:, :steps])
-
-
-def reached_positions(accepted: np.ndarray, gamma: int) -> np.ndarray:
-  """accepted int [B,steps] (-1 = idle) -> bool [B,steps,gamma]: position j was reached,
-  i.e. the step was live and every draft before j was accepted (n >= j)."""
-  j = np.arange(gamma)
-  return (accepted[..., None] >= 0) & (j <= accepted[..., None])
-
-
 @dataclasses.dataclass(frozen=True)
 class GenerateArgs:
   """Validated, host-side arguments shared by every generate entry point."""
@@ -545,13 +556,29 @@ class GenerateArgs:
   row_keys: np.ndarray
   statics: dict[str, Any]
   pad_id: int
+  costs: np.ndarray | None = None  # float32 [G+2] for gamma='auto' (`decode_loop`)
 
 
 def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: DraftConfig | None,
-                     gamma: int, max_new_tokens: int, sampling: SamplingConfig | None,
+                     gamma: int | str, max_new_tokens: int, sampling: SamplingConfig | None,
                      seed, row_ids, eos_id: int | None, pad_id: int, vocab_size: int | None,
-                     verifier: Verifier | None) -> GenerateArgs:
-  """Checks every argument and raises ValueError naming the offending one."""
+                     verifier: Verifier | None, gamma_max: int | None = None,
+                     costs: adaptive.CostTable | None = None) -> GenerateArgs:
+  """Checks every argument and raises ValueError naming the offending one.
+
+  gamma='auto' (with a draft) takes gamma_max (default `adaptive.DEFAULT_GAMMA_MAX`) and
+  a cost table; the statics then hold gamma = γ_max.
+  """
+  cost_array = None
+  if gamma == "auto" and draft_config is not None:
+    gamma = adaptive.DEFAULT_GAMMA_MAX if gamma_max is None else gamma_max
+    _check_positive_int("gamma_max", gamma)
+    if not isinstance(costs, adaptive.CostTable):
+      raise ValueError(f"gamma='auto' needs a cost table (adaptive.CostTable; the scripts "
+                       f"measure one with specdec_jax.machine_costs), got {type(costs).__name__}")
+    cost_array = costs.as_array(gamma)
+  elif costs is not None:
+    raise ValueError(f"a cost table is used with gamma='auto' only, got gamma={gamma!r}")
   if draft_config is not None:
     _check_positive_int("gamma", gamma)
     check_feature_draft(draft_config, target_config)
@@ -580,7 +607,8 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
   statics = dict(target_config=target_config, draft_config=draft_config, gamma=g,
                  sampling=sampling, vocab_size=vocab, eos_id=eos_id,
                  max_new_tokens=max_new_tokens, verifier=resolve_verifier(verifier))
-  return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id)
+  return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id,
+                      cost_array)
 
 
 def _check_params(params, config: DraftConfig, name: str) -> None:
@@ -618,12 +646,16 @@ def check_feature_draft(draft_config: DraftConfig, target_config: ModelConfig) -
 
 
 def speculative_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
-                         draft_config: DraftConfig, gamma: int, max_new_tokens: int,
+                         draft_config: DraftConfig, gamma: int | str, max_new_tokens: int,
                          sampling: SamplingConfig | None = None, seed=0, row_ids=None,
                          eos_id: int | None = None, pad_id: int = 0,
                          vocab_size: int | None = None,
-                         verifier: Verifier | str | None = None) -> GenerationResult:
+                         verifier: Verifier | str | None = None, gamma_max: int | None = None,
+                         costs: adaptive.CostTable | None = None) -> GenerationResult:
   """Speculative sampling of up to max_new_tokens per prompt, one jitted while_loop.
+
+  gamma: drafts per step, or 'auto': each row and step picks 0..gamma_max from its
+  acceptance estimate and the cost table `costs` (`adaptive`; `machine_costs`).
 
   prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
   seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
@@ -636,9 +668,10 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   args = prepare_generate(prompts, target_config=target_config, draft_config=draft_config,
                           gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
                           seed=seed, row_ids=row_ids, eos_id=eos_id, pad_id=pad_id,
-                          vocab_size=vocab_size, verifier=verifier)
+                          vocab_size=vocab_size, verifier=verifier, gamma_max=gamma_max,
+                          costs=costs)
   state = decode_loop_jit(target_params, draft_params, args.tokens, args.prompt_len,
-                          args.row_keys, **args.statics)
+                          args.row_keys, costs=args.costs, **args.statics)
   return _finish(state, max_new_tokens, pad_id)
 
 

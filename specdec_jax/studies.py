@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import adaptive
 from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.sampling import SamplingConfig
 from specdec_jax.speculative import autoregressive_generate, speculative_generate
@@ -132,7 +133,7 @@ def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
 class SideBySide:
   """One benchmark: both samplers on the same prompts, settings and seed."""
 
-  gamma: int
+  gamma: int | str  # drafts per step, or 'auto' (see gamma_histogram)
   batch: int
   max_new_tokens: int
   ar_tokens_per_s: float
@@ -143,8 +144,9 @@ class SideBySide:
   acceptance_rate: float  # accepted drafts / drafted
   alpha: float  # mean Σ min(p, q) over drafted positions
   tokens_per_step: float
-  predicted_tokens_per_step: float
+  predicted_tokens_per_step: float  # E[tokens/step] at α, averaged over the γ used
   repeats: int
+  gamma_histogram: dict | None = None  # {γ: row-steps that used it} (speculative run)
 
   def to_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -154,9 +156,11 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
                  draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
                  sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
                  eos_id: int | None = None, vocab_size: int | None = None,
-                 return_results: bool = False, verifier: str | None = None):
+                 return_results: bool = False, verifier: str | None = None,
+                 gamma_max: int | None = None, costs=None):
   """Times autoregressive and speculative generation alternately, median of repeats.
 
+  gamma 'auto' takes gamma_max and costs (`adaptive.CostTable`) as `speculative_generate`.
   Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with
   return_results.
   """
@@ -169,7 +173,8 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   def sd():
     return speculative_generate(target_params, draft_params, prompts,
                                 target_config=target_config, draft_config=draft_config,
-                                gamma=gamma, verifier=verifier, **common)
+                                gamma=gamma, verifier=verifier, gamma_max=gamma_max,
+                                costs=costs, **common)
 
   first = {}
   for name, fn in (("ar", ar), ("sd", sd)):
@@ -181,13 +186,17 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   sd_tps = results["sd"].lengths.sum() / med["sd"]
   out = results["sd"]
   alpha = out.alpha()
+  histogram = adaptive.gamma_histogram(out.gammas)
+  used = sum(histogram.values())
+  predicted = sum(n * (expected_tokens_per_step(alpha, g) if g else 1.0)
+                  for g, n in histogram.items()) / max(used, 1)
   summary = SideBySide(
       gamma=gamma, batch=len(prompts), max_new_tokens=max_new_tokens,
       ar_tokens_per_s=float(ar_tps), sd_tokens_per_s=float(sd_tps),
       speedup=float(sd_tps / ar_tps), ar_compile_s=first["ar"] - med["ar"],
       sd_compile_s=first["sd"] - med["sd"], acceptance_rate=out.acceptance_rate(), alpha=alpha,
       tokens_per_step=out.tokens_per_step(),
-      predicted_tokens_per_step=expected_tokens_per_step(alpha, gamma), repeats=repeats)
+      predicted_tokens_per_step=predicted, repeats=repeats, gamma_histogram=histogram)
   return (summary, out) if return_results else summary
 
 

@@ -1,0 +1,123 @@
+"""γ chosen per step and per row from this machine's costs (`gamma='auto'`).
+
+Letters: B batch, G = γ_max (static), K = G + 1 target-call widths.
+
+A cost table (`CostTable`; measured and cached per machine by `specdec_jax.costs`):
+  c      draft step time / target step time, one token each
+  v(k)   target time for k tokens / for 1 token, k = 1..G+1 (v(1) = 1)
+Each row b keeps an estimate α̂_b of its acceptance: an exponential moving average of
+the exact β_i = Σ min(p_i, q_i) at the drafted positions it observed, in order,
+  α̂ ← (1 - w) α̂ + w β_i,   w = ALPHA_WEIGHT,  α̂ = ALPHA_PRIOR before the first one.
+A position is observed when the draft proposed it and it was reached (every earlier
+draft accepted). A step with γ_b = 0 proposes nothing, but its draft still computes
+q_1 and the target call gives p_1, so β_1 is observed too: the estimate stays alive
+while the row decodes plainly (a prompt lookup without a match observes nothing).
+Each step row b takes
+  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / (γ c + v(γ+1)),   E(α, γ) = Σ_{j=0..γ} α^j
+(Leviathan et al. §3 with the measured v of REFERENCE.md §2; ties go to the smaller γ;
+γ = 0 scores 1, a plain target step). The choice depends only on the row's past, so
+the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+# A γ_max for gamma='auto' when none is given: v(k) measured on 2-core CPUs flattens out
+# past k = 5 while E[tokens] gains little above γ = 4 at α ≤ 0.7 (REFERENCE.md §2, §10).
+DEFAULT_GAMMA_MAX = 4
+ALPHA_PRIOR = 0.5  # α̂ before a row has observed any drafted position
+ALPHA_WEIGHT = 0.2  # EMA weight of each observed β: about the last 5 positions count
+# Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
+PAYS_AT_ALPHA = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """c and v(1..K) of one (machine, target, draft); v[0] = v(1) = 1."""
+
+  c: float
+  verify_costs: tuple[float, ...]
+
+  def __post_init__(self):
+    if not (isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0):
+      raise ValueError(f"cost table c must be a finite number >= 0, got {self.c!r}")
+    v = tuple(self.verify_costs)
+    if not v or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v):
+      raise ValueError(f"cost table verify_costs must be finite numbers > 0, got {v!r}")
+    if abs(v[0] - 1.0) > 1e-6:
+      raise ValueError(f"cost table verify_costs[0] is v(1) and must be 1, got {v[0]!r}")
+
+  @property
+  def max_gamma(self) -> int:
+    """The largest γ the table covers (v(γ+1) known)."""
+    return len(self.verify_costs) - 1
+
+  def as_array(self, gamma_max: int) -> np.ndarray:
+    """float32 [G+2]: (c, v(1), .., v(G+1)), the form the decode loop takes."""
+    if gamma_max > self.max_gamma:
+      raise ValueError(f"gamma_max={gamma_max} needs v(k) up to k={gamma_max + 1}; the cost "
+                       f"table covers k <= {self.max_gamma + 1}")
+    return np.asarray((self.c,) + tuple(self.verify_costs[: gamma_max + 1]), np.float32)
+
+  def best_gamma(self, alpha: float, gamma_max: int | None = None) -> int:
+    """Host-side twin of `choose_gamma` for one α."""
+    g = self.max_gamma if gamma_max is None else gamma_max
+    return int(np.asarray(choose_gamma(jnp.asarray([alpha], jnp.float32),
+                                       jnp.asarray(self.as_array(g))))[0])
+
+  def drafting_pays(self, gamma_max: int | None = None, alpha: float = PAYS_AT_ALPHA) -> bool:
+    """True when some γ >= 1 beats a plain step at acceptance `alpha`."""
+    return self.best_gamma(alpha, gamma_max) > 0
+
+
+def choose_gamma(alpha: Array, costs: Array) -> Array:
+  """int32 [B]: γ_b maximising E(α̂_b, γ) / (γ c + v(γ+1)) over 0..G.
+
+  alpha float [B] (α̂); costs float32 [G+2] = (c, v(1..G+1)) (`CostTable.as_array`).
+  """
+  c, v = costs[0], costs[1:]
+  g = jnp.arange(v.shape[0])
+  expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,K]
+  return jnp.argmax(expected / (g * c + v)[None, :], axis=1).astype(jnp.int32)
+
+
+def update_alpha(alpha: Array, beta: Array, observed: Array,
+                 weight: float = ALPHA_WEIGHT) -> Array:
+  """float32 [B]: α̂ after the observed positions of one step, in order.
+
+  alpha [B]; beta float [B,G] (β_i); observed bool [B,G].
+  """
+  for i in range(beta.shape[1]):  # G is small and static
+    alpha = jnp.where(observed[:, i], (1.0 - weight) * alpha + weight * beta[:, i], alpha)
+  return alpha
+
+
+def call_widths(gamma: int, adaptive: bool, may_propose_nothing: bool) -> tuple[int, ...]:
+  """The static target-call widths one compiled step may take (`lax.switch` branches).
+
+  gamma='auto': every width 1..G+1. A fixed γ: G+1, and 1 as well when a draft may
+  propose nothing (a lookup without a match).
+  """
+  if adaptive:
+    return tuple(range(1, gamma + 2))
+  return (1, gamma + 1) if may_propose_nothing else (gamma + 1,)
+
+
+def width_index(widths: tuple[int, ...], chosen: Array) -> Array:
+  """int32 []: the branch of the narrowest width >= max_b γ_b + 1. chosen int [B]."""
+  need = jnp.max(chosen) + 1
+  return jnp.sum(jnp.asarray(widths) < need).astype(jnp.int32)
+
+
+def gamma_histogram(gammas: np.ndarray) -> dict[int, int]:
+  """{γ: row-steps that used it} over the live entries of gammas int [B,steps] (-1 idle)."""
+  values, counts = np.unique(np.asarray(gammas)[np.asarray(gammas) >= 0], return_counts=True)
+  return {int(v): int(n) for v, n in zip(values, counts)}

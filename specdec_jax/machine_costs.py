@@ -1,0 +1,132 @@
+"""This machine's cost table for gamma='auto': measured once, cached per machine and models.
+
+Letters: B batch, G = γ_max.
+
+A `adaptive.CostTable` holds c (draft step / target step, one token each) and v(k) =
+t(k tokens) / t(1 token) of the target for k = 1..G+1, timed with `studies.call_seconds`
+at batch B and a fixed context. Timing takes seconds (plus one compile per width), so
+`load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use
+runs/costs/, ignored by git) under a key of everything that changes it:
+  machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
+  models      sha256 of the target and draft configs (reprs)
+  batch, context
+A stored table whose key differs, or that covers fewer than G+1 widths, is measured
+again and replaced (written with `io.atomic`). The tables are timings of the machine
+they were taken on: never commit them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from typing import Callable
+
+from specdec_jax import studies
+from specdec_jax.adaptive import CostTable
+from specdec_jax.io import machine
+from specdec_jax.io.atomic import atomic_write_json
+
+# Context (cached tokens) the calls are timed at: a short prompt plus half a generation.
+MEASURE_CONTEXT = 96
+MEASURE_REPEATS = 10
+
+
+def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT) -> dict:
+  """The identity of a cost table: this machine, the two models, batch and context."""
+  import jax
+
+  model, isa = machine.cpu_info()
+  models = hashlib.sha256(f"{target_config!r}|{draft_config!r}".encode()).hexdigest()
+  return dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
+              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
+
+
+def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
+  """<directory>/<sha256 of the key, 16 hex digits>.json."""
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  return pathlib.Path(directory) / f"{digest}.json"
+
+
+def measure(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
+            batch: int, context: int = MEASURE_CONTEXT,
+            repeats: int = MEASURE_REPEATS) -> CostTable:
+  """Times c and v(1..gamma_max+1) on this machine (`studies`; compile excluded)."""
+  v = studies.verify_cost_curve(target_params, target_config, batch=batch, context=context,
+                                max_tokens=gamma_max + 1, repeats=repeats)
+  c = studies.cost_coefficient(target_params, target_config, draft_params, draft_config,
+                               batch=batch, context=context, repeats=repeats)
+  return CostTable(c=float(c), verify_costs=tuple(float(v[k]) for k in sorted(v)))
+
+
+def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
+                    measure_fn: Callable[[], CostTable]) -> tuple[CostTable, bool]:
+  """(table, measured now): the cached table of `key` if it covers γ_max, else
+  measure_fn() written to `cache_path(directory, key)`."""
+  path = cache_path(directory, key)
+  try:
+    stored = json.loads(path.read_text())
+    if stored.get("key") == key and len(stored["verify_costs"]) >= gamma_max + 1:
+      return CostTable(c=float(stored["c"]),
+                       verify_costs=tuple(float(x) for x in stored["verify_costs"])), False
+  except (OSError, ValueError, KeyError, TypeError):
+    pass  # missing, unreadable or another table: measure
+  table = measure_fn()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  atomic_write_json(path, dict(key=key, c=table.c, verify_costs=list(table.verify_costs)))
+  return table, True
+
+
+def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int | None = None,
+              log: Callable[[str], None] = print) -> CostTable:
+  """The cost table of a `loading.Pair` on this machine at `batch` rows (default: its
+  prompts), cached."""
+  batch = len(pair.prompts) if batch is None else batch
+  key = cost_key(pair.target_config, pair.draft_config, batch=batch)
+  path = cache_path(directory, key)
+  if not path.exists():
+    log(f"measuring this machine's call costs once (cached in {path.name} under "
+        f"{os.path.basename(os.fspath(directory))}/) ...")
+  table, _ = load_or_measure(directory, key, gamma_max, lambda: measure(
+      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
+      gamma_max=gamma_max, batch=batch))
+  return table
+
+
+def describe(table: CostTable) -> str:
+  """One line: c and v(k)."""
+  return f"c = {table.c:.3f}  v(k) = " + " ".join(
+      f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1))
+
+
+def parse_gamma(value) -> int | str:
+  """A config's gamma -> 'auto' or an int >= 1 (configs hold it as a string: 'auto', '4')."""
+  if isinstance(value, str) and value.strip() == "auto":
+    return "auto"
+  if isinstance(value, str) and value.strip().isdigit():
+    value = int(value.strip())
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"gamma must be 'auto' or an int >= 1, got {value!r}")
+  return value
+
+
+def gamma_arguments(config, pair, *, directory: str | os.PathLike,
+                    log: Callable[[str], None] = print) -> dict | None:
+  """speculative_generate's gamma keywords for a run config and `loading.Pair`:
+  {'gamma': γ} for a fixed config.gamma; {'gamma': 'auto', 'gamma_max', 'costs'} for
+  'auto' (the table from `table_for`); None when the table says no γ >= 1 pays even at
+  α = `adaptive.PAYS_AT_ALPHA` (one line says so: decode with autoregressive_generate)."""
+  from specdec_jax.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
+
+  gamma = parse_gamma(config.gamma)
+  if gamma != "auto":
+    return dict(gamma=gamma)
+  gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
+  table = table_for(pair, gamma_max=gamma_max, directory=directory, log=log)
+  if not table.drafting_pays(gamma_max):
+    log(f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
+        f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
+        f"plain autoregressive")
+    return None
+  return dict(gamma="auto", gamma_max=gamma_max, costs=table)

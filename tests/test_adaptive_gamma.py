@@ -1,0 +1,361 @@
+"""gamma='auto' (γ chosen per step and per row from a cost table) and lookups that
+propose nothing: exactness, greedy equality, batch composition, one compiled loop,
+the choice rule, the cost-table cache and bad input.
+
+The whole-sequence tests reuse test_exactness's enumeration (vocabulary 4, 4 new
+tokens, 40,000 rows) with an injected cost table (`SWITCHING`) under which rows move
+between γ = 0 and γ_max = 3 within a sequence. False-failure rate: each chi-square
+case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (one case in
+`make test`, five more marked slow: at most 0.6% for the file); seeds are fixed, so the
+outcome is deterministic. The naive "correct from p" verifier, the negative control,
+must fail the same test. Each 40,000-row case compiles its own loop (tens of seconds
+on 2 cores), so `make test` runs one case and the control; the small tests share
+compiled loops (batch 5, 12 tokens).
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_jax import adaptive, machine_costs, studies
+from specdec_jax import speculative as spec
+from specdec_jax.adaptive import CostTable
+from specdec_jax.ngram import NgramDraft
+from specdec_jax.verify import block_verify, verify
+from test_exactness import ROWS, exact_sequence_probs, sequence_index
+
+GAMMA_MAX = 3
+# No draft cost and a flat v(k >= 2) = 2: γ = 3 is the best γ >= 1 at every α, and it
+# beats a plain step (score 1) iff 1 + α + α² + α³ > 2, i.e. α̂ > 0.544. Rows start at
+# the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1, and back
+# after rejections.
+SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 2.0, 2.0, 2.0))
+# v(k) = 5 for k >= 2: no γ >= 1 pays at any α < 1 (E[tokens] <= 4).
+NOTHING_PAYS = CostTable(c=0.0, verify_costs=(1.0, 5.0, 5.0, 5.0))
+GREEDY = SamplingConfig(temperature=0.0)
+PROMPT = [1, 3, 0]
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """test_exactness's pair (vocabulary 4)."""
+  target = tiny_config(vocab=4, layers=2, width=16, max_seq_len=16)
+  draft = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16)
+  return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
+
+
+@pytest.fixture(scope="module")
+def feature_pair(pair):
+  target, tp = pair[:2]
+  draft = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
+                      feature_layers=(1, 2), feature_width=target.embed_dim)
+  return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+
+
+def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):
+  target, tp, draft, dp = pair
+  out = speculative_generate(tp, dp, [PROMPT] * rows, target_config=target,
+                             draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
+                             costs=costs, max_new_tokens=4, sampling=sampling, seed=seed,
+                             verifier=verifier)
+  assert (out.lengths == 4).all()
+  return out
+
+
+def assert_switches(out) -> None:
+  """Rows use both γ = 0 and γ = γ_max, some of them within one sequence."""
+  g = out.gammas
+  assert (g == 0).any() and (g == GAMMA_MAX).any()
+  assert ((g == 0).any(axis=1) & (g == GAMMA_MAX).any(axis=1)).sum() > 100
+
+
+AUTO_CASES = [
+    pytest.param(SamplingConfig(temperature=1.0), verify, id="T1-token",
+                 marks=pytest.mark.slow),
+    pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), block_verify, id="T0.7p0.9-block"),
+    pytest.param(SamplingConfig(temperature=1.0), block_verify, id="T1-block",
+                 marks=pytest.mark.slow),
+    pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), verify, id="T0.7p0.9-token",
+                 marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("sampling,verifier", AUTO_CASES)
+def test_auto_gamma_sequences_follow_target_distribution(pair, sampling, verifier):
+  exact = exact_sequence_probs(pair[0], pair[1], sampling)
+  out = auto_sequences(pair, sampling, verifier, seed=7)
+  assert_switches(out)
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("sampling,verifier", [
+    pytest.param(SamplingConfig(temperature=1.0), block_verify, id="T1-block",
+                 marks=pytest.mark.slow),
+    pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), verify, id="T0.7p0.9-token",
+                 marks=pytest.mark.slow),
+])
+def test_auto_gamma_feature_draft_follows_target_distribution(feature_pair, sampling,
+                                                              verifier):
+  """The feature draft's re-read keeps width G+1 at every call width, so γ = 0 steps
+  leave its cache and features those of the emitted tokens."""
+  exact = exact_sequence_probs(feature_pair[0], feature_pair[1], sampling)
+  out = auto_sequences(feature_pair, sampling, verifier, seed=8)
+  assert_switches(out)
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+@pytest.mark.slow
+def test_nothing_pays_follows_target_distribution(pair):
+  """Every step γ = 0 (a width-1 call, y ~ p_1 from the verifier's resample key)."""
+  sampling = SamplingConfig(temperature=1.0)
+  exact = exact_sequence_probs(pair[0], pair[1], sampling)
+  out = auto_sequences(pair, sampling, verify, seed=9, costs=NOTHING_PAYS)
+  assert (out.gammas == 0).all()
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+def test_auto_gamma_negative_control_fails(pair):
+  """The naive verifier ("correct from p") under the same switching table is rejected."""
+  sampling = SamplingConfig(temperature=1.0)
+  exact = exact_sequence_probs(pair[0], pair[1], sampling)
+  naive = functools.partial(verify, residual_fn=lambda p, q: p)
+  out = auto_sequences(pair, sampling, naive, seed=7)
+  assert_switches(out)
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) < 1e-9
+
+
+# ------------------------------------------------------------ greedy, batches, compiles
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
+
+
+@pytest.fixture(scope="module")
+def greedy_pairs():
+  """test_speculative's greedy pair (vocabulary 32) and a feature draft on its target."""
+  target = tiny_config(vocab=32, layers=2, width=32)
+  tp = tiny_model(target, 0, factor=8.0)
+  draft = target.replace(num_layers=1)
+  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
+  feature = tiny_config(vocab=32, layers=1, width=16, tie_embeddings=False,
+                        feature_layers=(1, 2), feature_width=32)
+  return dict(model=(target, tp, draft, dp),
+              feature=(target, tp, feature, tiny_model(feature, 1, factor=3.0)),
+              ngram=(target, tp, NgramDraft(2), None))
+
+
+# The greedy draws of β in {0, 1} move α̂ in steps of 0.2 around the prior: under this
+# table a row takes γ = 0 below about 0.15, 1 up to about 0.5, and more above.
+GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.1, 1.3, 1.6))
+
+
+@pytest.mark.parametrize("kind,verifier", [
+    ("model", "block"), ("feature", "token"), ("ngram", "block"),
+    pytest.param("model", "token", marks=pytest.mark.slow),
+    pytest.param("feature", "block", marks=pytest.mark.slow),
+    pytest.param("ngram", "token", marks=pytest.mark.slow),
+])
+def test_greedy_auto_gamma_equals_greedy_autoregressive(greedy_pairs, kind, verifier):
+  target, tp, draft, dp = greedy_pairs[kind]
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
+                               sampling=GREEDY)
+  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                             gamma="auto", gamma_max=GAMMA_MAX, costs=GRADED,
+                             max_new_tokens=12, sampling=GREEDY, verifier=verifier)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  live = out.gammas >= 0
+  assert len(np.unique(out.gammas[live])) > 1  # the choice really varies
+  assert (out.accepted[live] <= out.gammas[live]).all()
+
+
+def test_nothing_pays_gives_plain_steps(greedy_pairs):
+  """A table where no γ >= 1 pays: every step proposes nothing (a width-1 target call);
+  greedy tokens are the autoregressive ones, one per step, and no position counts as
+  drafted. (At T > 0 the token of a γ = 0 step comes from the verifier's resample key,
+  not the autoregressive loop's step key: same law, other draws; the scripts decode
+  with `autoregressive_generate` itself when `CostTable.drafting_pays` is False.)"""
+  target, tp, draft, dp = greedy_pairs["model"]
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
+                               sampling=GREEDY)
+  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
+                             max_new_tokens=12, sampling=GREEDY, verifier="block")
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  assert (out.gammas[out.gammas >= 0] == 0).all() and out.tokens_per_step() == 1.0
+  assert not out.reached().any() and np.isnan(out.alpha())
+  assert not NOTHING_PAYS.drafting_pays() and SWITCHING.drafting_pays()
+
+
+@pytest.mark.parametrize("kind", ["feature", pytest.param("model", marks=pytest.mark.slow)])
+def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind):
+  """Rows 0 and 3 (same prompts and row ids) give the same tokens and γ choices beside
+  other neighbours (T=1), though each step's call width follows the neighbours' choices.
+  Both batches have one shape, so they share one compiled loop."""
+  target, tp, draft, dp = greedy_pairs[kind]
+  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
+            costs=SWITCHING, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=3)
+  first = speculative_generate(tp, dp, PROMPTS, **kw)
+  others = [PROMPTS[0], [30, 29, 28, 27, 26], [25], PROMPTS[3], [24, 23]]
+  second = speculative_generate(tp, dp, others, row_ids=[0, 10, 11, 3, 12], **kw)
+  for b in (0, 3):
+    np.testing.assert_array_equal(first.tokens[b], second.tokens[b])
+    steps = (first.gammas[b] >= 0).sum()
+    np.testing.assert_array_equal(first.gammas[b, :steps], second.gammas[b, :steps])
+  widths = [g.max(axis=0) for g in (first.gammas, second.gammas)]  # the batches' widths - 1
+  steps = min(len(w) for w in widths)
+  assert (widths[0][:steps] != widths[1][:steps]).any()
+  assert len(np.unique(first.gammas[first.gammas >= 0])) > 1
+
+
+def test_auto_gamma_compiles_one_loop(greedy_pairs):
+  """Tables are traced inputs: other tables and seeds reuse the one compiled decode loop
+  (every call width is a branch inside it); the jitted step compiles once too."""
+  target, tp, draft, dp = greedy_pairs["model"]
+  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
+            max_new_tokens=12, sampling=GREEDY, verifier="block")
+  speculative_generate(tp, dp, PROMPTS, costs=SWITCHING, **kw)  # compiled here or before
+  before = spec.decode_loop_jit._cache_size()
+  for seed, table in enumerate((NOTHING_PAYS, CostTable(0.1, (1, 1.1, 1.2, 1.3)), SWITCHING)):
+    out = speculative_generate(tp, dp, PROMPTS, costs=table, seed=seed, **kw)
+  assert spec.decode_loop_jit._cache_size() == before
+  assert len(np.unique(out.gammas[out.gammas >= 0])) > 1
+
+  args = spec.prepare_generate(PROMPTS, seed=0, row_ids=None, eos_id=None, pad_id=0,
+                               vocab_size=None, verifier=None, costs=SWITCHING,
+                               **{k: kw[k] for k in ("target_config", "draft_config", "gamma",
+                                                     "gamma_max", "max_new_tokens",
+                                                     "sampling")})
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                              target_config=target, draft_config=draft, gamma=GAMMA_MAX,
+                              max_new_tokens=12, adaptive_gamma=True)
+  step_before = spec.speculative_step._cache_size()
+  for _ in range(4):
+    state = spec.speculative_step(tp, dp, state, costs=args.costs, **args.statics)
+  assert spec.speculative_step._cache_size() == step_before + 1
+
+
+def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
+  """Fixed γ: a row whose trailing tokens never occurred before proposes nothing (γ_b = 0,
+  no drafted position counted); rows with a match propose γ."""
+  target, tp, _, _ = greedy_pairs["model"]
+  prompts = [[1, 2, 3, 4], [5, 6, 5, 6, 5]]  # no earlier copy of 4 | "6 5" occurred before
+  out = speculative_generate(tp, None, prompts, target_config=target,
+                             draft_config=NgramDraft(2), gamma=3, max_new_tokens=1,
+                             sampling=GREEDY)
+  np.testing.assert_array_equal(out.gammas[:, 0], [0, 3])
+  assert out.accepted[0, 0] == 0 and out.reached()[0].sum() == 0
+  # Alone (batch 1), row 0's step is the width-1 branch: a plain target step.
+  assert int(adaptive.width_index(adaptive.call_widths(3, False, True), out.gammas[:1, 0])) == 0
+
+
+# ------------------------------------------------------------ the choice rule
+
+def test_choose_gamma_is_the_argmax_of_the_prediction():
+  table = CostTable(c=0.07, verify_costs=(1.0, 1.07, 1.20, 1.44, 1.50))
+  alphas = np.linspace(0.0, 0.99, 34)
+  got = np.asarray(adaptive.choose_gamma(np.asarray(alphas, np.float32),
+                                         table.as_array(4)))
+  for a, g in zip(alphas, got):
+    scores = [1.0] + [studies.predicted_speedup(a, k, table.c, table.verify_costs[k])
+                      for k in range(1, 5)]
+    assert scores[g] >= max(scores) - 1e-5, (a, g, scores)
+  assert got[0] == 0 and got[-1] == 4 and (np.diff(got) >= 0).all()
+
+
+def test_update_alpha_is_an_ema_over_observed_positions():
+  beta = np.asarray([[1.0, 0.0, 1.0], [0.2, 0.9, 0.9]], np.float32)
+  observed = np.asarray([[True, True, False], [False, False, False]])
+  got = np.asarray(adaptive.update_alpha(np.asarray([0.5, 0.5], np.float32), beta, observed,
+                                         weight=0.5))
+  np.testing.assert_allclose(got, [0.375, 0.5])  # 0.5 -> 0.75 -> 0.375; row 1 unchanged
+
+
+def test_gamma_histogram_and_widths():
+  assert adaptive.gamma_histogram(np.asarray([[0, 2, -1], [2, 2, 4]])) == {0: 1, 2: 3, 4: 1}
+  assert adaptive.call_widths(3, True, False) == (1, 2, 3, 4)
+  assert adaptive.call_widths(3, False, True) == (1, 4)
+  assert adaptive.call_widths(3, False, False) == (4,)
+  assert int(adaptive.width_index((1, 2, 3, 4), np.asarray([0, 2, 1]))) == 2
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(costs=None), "gamma='auto' needs a cost table"),
+    (dict(gamma=2), "cost table is used with gamma='auto' only"),
+    (dict(gamma_max=0), "gamma_max must be an int >= 1, got 0"),
+    (dict(gamma_max=5), "gamma_max=5 needs v\\(k\\) up to k=6"),
+])
+def test_bad_auto_arguments_raise(greedy_pairs, change, match):
+  target, tp, draft, dp = greedy_pairs["model"]
+  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
+            costs=SWITCHING, max_new_tokens=4)
+  with pytest.raises(ValueError, match=match):
+    speculative_generate(tp, dp, PROMPTS, **{**kw, **change})
+
+
+@pytest.mark.parametrize("c,v,match", [
+    (-0.1, (1.0, 1.2), "c must be a finite number >= 0, got -0.1"),
+    (0.1, (1.0, float("nan")), "verify_costs must be finite numbers > 0"),
+    (0.1, (1.2, 1.3), "verify_costs\\[0\\] is v\\(1\\) and must be 1, got 1.2"),
+    (0.1, (), "verify_costs must be finite numbers > 0, got \\(\\)"),
+])
+def test_bad_cost_table_raises(c, v, match):
+  with pytest.raises(ValueError, match=match):
+    CostTable(c=c, verify_costs=v)
+
+
+# ------------------------------------------------------------ the cost-table cache
+
+def test_cost_table_cache_writes_reloads_and_remeasures(tmp_path):
+  """A fake measurement stands in for the timer: the first call measures and writes,
+  the second reloads, a changed key or a larger γ_max measures again, and an unreadable
+  file is replaced."""
+  calls = []
+
+  def fake(c):
+    def measure():
+      calls.append(c)
+      return CostTable(c=c, verify_costs=(1.0, 1.25, 1.5, 1.75, 2.0))
+    return measure
+
+  key = dict(cpu="test cpu", isa=["avx2"], cores=2, jax="0", devices=[], models="abc",
+             batch=1, context=96)
+  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.1))
+  assert measured and table.c == 0.1 and calls == [0.1]
+  path = machine_costs.cache_path(tmp_path, key)
+  assert path.exists()
+  again, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.2))
+  assert not measured and again == table and calls == [0.1]
+  other = {**key, "isa": ["avx512f"]}  # another machine: another file, measured
+  assert machine_costs.cache_path(tmp_path, other) != path
+  table, measured = machine_costs.load_or_measure(tmp_path, other, 3, fake(0.3))
+  assert measured and table.c == 0.3
+  path.write_text(path.read_text().replace('"test cpu"', '"edited cpu"'))  # key mismatch
+  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.4))
+  assert measured and table.c == 0.4
+  table, measured = machine_costs.load_or_measure(tmp_path, key, 4, fake(0.5))
+  assert not measured  # 5 widths stored cover γ_max = 4
+  path.write_text("{not json")
+  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.6))
+  assert measured and table.c == 0.6 and calls == [0.1, 0.3, 0.4, 0.6]
+
+
+def test_cost_key_names_machine_and_models(greedy_pairs):
+  target, _, draft, _ = greedy_pairs["model"]
+  key = machine_costs.cost_key(target, draft, batch=2)
+  assert {"cpu", "isa", "cores", "jax", "models", "batch", "context"} <= set(key)
+  assert key != machine_costs.cost_key(target, draft.replace(num_layers=2), batch=2)
+  assert key != machine_costs.cost_key(target, draft, batch=3)
+
+
+@pytest.mark.parametrize("value,want", [("auto", "auto"), ("4", 4), (3, 3), (" 2 ", 2)])
+def test_parse_gamma(value, want):
+  assert machine_costs.parse_gamma(value) == want
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", 0, True, 2.5])
+def test_parse_gamma_rejects(value):
+  with pytest.raises(ValueError, match="gamma must be 'auto' or an int >= 1"):
+    machine_costs.parse_gamma(value)
