@@ -31,6 +31,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft = "ngram:3"  # prompt lookup: no draft weights to shard
   c.unstacked = False  # scan over the 16 stacked layers: faster to compile
   c.mesh = "1,4"  # data x model; 'data,model' must multiply to the device count
-  c.gamma = 4
+  c.gamma = "4"  # a fixed count (the base config's gamma is the string 'auto'; meshes need one)
   c.max_new_tokens = 32
   return c

@@ -43,7 +43,12 @@ def get_config() -> ml_collections.ConfigDict:
   # A prompt-set JSON (specdec_jax.prompt_sets), e.g. configs/prompts/heldout.json: the
   # benchmark runs each prompt alone and reports per domain; '' = c.prompts above.
   c.prompt_set = ""
-  c.gamma = 2  # best of 1-4 for the feature draft at T=0 on machine A (docs/results_archive.md)
+  # 'auto': each row and step picks 0..gamma_max drafts from its running acceptance and
+  # this machine's cost table (measured once into runs/costs/; specdec_jax.adaptive);
+  # or a fixed count, e.g. --config.gamma=2 (best of 1-4 for the feature draft at T=0
+  # on machine A, docs/results_archive.md).
+  c.gamma = "auto"
+  c.gamma_max = 4  # widest step of gamma 'auto' (one compiled branch per width 1..5)
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 0.0
   c.top_k = 0

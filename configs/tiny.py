@@ -27,7 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.chat = False
   c.prompts = ("The quick brown fox", "jumps over", "the lazy dog.", "Lorem ipsum")
   c.prompt_set = ""  # a prompt-set JSON (benchmark: each prompt alone); '' = c.prompts
-  c.gamma = 3
+  c.gamma = "3"  # drafts per step, or 'auto' (per row and step, up to gamma_max)
+  c.gamma_max = 3
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.temperature = 1.0
   c.top_k = 0

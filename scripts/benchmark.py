@@ -4,6 +4,7 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
   python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=truncate:2
   python scripts/benchmark.py --config=configs/smollm2_135m.py --verifiers=token,block
   python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py   # n-gram draft
+  python scripts/benchmark.py --config=configs/smollm2_135m.py --gammas=auto,1,2,4
   python scripts/benchmark.py --config=configs/heldout_smollm2.py --out=FILE.json
   python scripts/benchmark.py --config=configs/tiny.py \
       --config.prompt_set=configs/prompts/heldout.json          # any config, any set
@@ -14,6 +15,9 @@ Same model, prompts, settings and seed for both samplers; compile time excluded
 (each against its own interleaved autoregressive timing). Also prints the measured acceptance, α, the step's
 compile time, the cost coefficient c, the verify-cost curve v(k) and the
 Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
+With gamma 'auto' (γ chosen per row and step from this machine's cost table, measured
+once into runs/costs/; `specdec_jax.machine_costs`) it also prints, and writes to the
+JSON rows as gamma_histogram, how many steps chose each γ.
 
 With --config.prompt_set (a JSON file, `specdec_jax.prompt_sets`; '' = the config's own
 prompts), every prompt of the set runs alone at batch 1, timed side by side as above,
@@ -24,6 +28,7 @@ the geometric mean over prompts with the 95% Student-t interval of the mean log-
 """
 
 import itertools
+import os
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
@@ -31,7 +36,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import prompt_sets
+from specdec_jax import adaptive, machine_costs, prompt_sets
 from specdec_jax import speculative as spec
 from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
@@ -39,37 +44,62 @@ from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
-_GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run (default: config.gamma)")
+_GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (default: "
+                            "config.gamma)")
 _VERIFIERS = flags.DEFINE_list("verifiers", None,
                                "verifiers to compare, e.g. token,block (default: config.verifier)")
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 
 
-def step_compile_seconds(pair, config, gamma: int, verifier: str) -> float:
+def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: dict) -> float:
   """Seconds to lower and compile the jitted `speculative_step` alone."""
   args = spec.prepare_generate(
       pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
       gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
       seed=config.seed, row_ids=None, eos_id=None, pad_id=0, vocab_size=pair.vocab_size,
-      verifier=verifier)
+      verifier=verifier, **(auto if gamma == "auto" else {}))
   state = spec.init_state_jit(pair.target_params, pair.draft_params, args.tokens,
                               args.prompt_len, args.row_keys, target_config=pair.target_config,
-                              draft_config=pair.draft_config, gamma=gamma,
-                              max_new_tokens=config.max_new_tokens)
+                              draft_config=pair.draft_config, gamma=args.statics["gamma"],
+                              max_new_tokens=config.max_new_tokens,
+                              adaptive_gamma=args.costs is not None)
   t0 = time.perf_counter()
-  spec.speculative_step.lower(pair.target_params, pair.draft_params, state,
+  spec.speculative_step.lower(pair.target_params, pair.draft_params, state, costs=args.costs,
                               **args.statics).compile()
   return time.perf_counter() - t0
 
 
-def prompt_set_row(pair, config, records, prompts, gamma: int, verifier: str, c: float,
-                   v: dict) -> dict:
+def predicted_speedup(alpha: float, histogram: dict, c: float, v: dict) -> float:
+  """The prediction at α over the γ a run used ({γ: steps}):
+  Σ_γ n_γ E[tokens](α, γ) / Σ_γ n_γ (γ c + v(γ+1)); one γ: `studies.predicted_speedup`."""
+  tokens = sum(n * (studies.expected_tokens_per_step(alpha, g) if g else 1.0)
+               for g, n in histogram.items())
+  return tokens / sum(n * (g * c + v[g + 1]) for g, n in histogram.items())
+
+
+def merged_histogram(histograms) -> dict:
+  """{γ: steps} summed over runs."""
+  total = {}
+  for h in histograms:
+    for g, n in h.items():
+      total[g] = total.get(g, 0) + n
+  return dict(sorted(total.items()))
+
+
+def print_histogram(gamma, histogram: dict) -> None:
+  if gamma == "auto":
+    print("    steps per chosen gamma: " + " ".join(f"{g}:{n}" for g, n in histogram.items()))
+
+
+def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: str, c: float,
+                   v: dict, auto: dict) -> dict:
   """Every prompt of a set alone at batch 1; prints its lines and the per-domain table."""
   res = studies.side_by_side_per_prompt(
       pair.target_params, pair.target_config, pair.draft_params, pair.draft_config, prompts,
       domains=[r.domain for r in records], ids=[r.id for r in records], gamma=gamma,
       max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
-      repeats=config.repeats, vocab_size=pair.vocab_size, verifier=verifier)
+      repeats=config.repeats, vocab_size=pair.vocab_size, verifier=verifier,
+      **(auto if gamma == "auto" else {}))
   for record, p in zip(records, res["prompts"]):
     p["chat"] = record.chat
   print(f"gamma {gamma}  verifier {verifier}")
@@ -81,8 +111,11 @@ def prompt_set_row(pair, config, records, prompts, gamma: int, verifier: str, c:
           f"{p['acceptance_rate']:.3f} | {p['alpha']:.3f} | {p['tokens_per_step']:.2f}")
   print(prompt_sets.format_summary(res["domains"]))
   alpha = res["domains"][-1]["alpha"]  # the mean over all prompts
-  return dict(gamma=gamma, verifier=verifier, c=c, v=v[gamma + 1],
-              predicted_speedup=studies.predicted_speedup(alpha, gamma, c, v[gamma + 1]), **res)
+  histogram = merged_histogram(p["gamma_histogram"] for p in res["prompts"])
+  print_histogram(gamma, histogram)
+  return dict(gamma=gamma, verifier=verifier, c=c,
+              v=None if gamma == "auto" else v[gamma + 1], gamma_histogram=histogram,
+              predicted_speedup=predicted_speedup(alpha, histogram, c, v), **res)
 
 
 def main(argv):
@@ -94,17 +127,28 @@ def main(argv):
   pair = load_pair(config)
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
-  gammas = [int(g) for g in (_GAMMAS.value or [config.gamma])]
+  gammas = [machine_costs.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
   verifiers = list(_VERIFIERS.value or [pair.verifier])
   for name in verifiers:
     spec.resolve_verifier(name)  # a clear error for an unknown name, before any work
   prompts = prompt_sets.encode(pair.tokenizer, records) if records else pair.prompts
   batch = 1 if records else len(prompts)  # a prompt set runs prompt by prompt
+  auto = {}
+  if "auto" in gammas:
+    gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
+    table = machine_costs.table_for(pair, gamma_max=gamma_max, batch=batch,
+                                    directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+    auto = dict(gamma_max=gamma_max, costs=table)
+    print(f"gamma auto: gamma_max {gamma_max}, cost table {machine_costs.describe(table)}")
+    if not table.drafting_pays(gamma_max):
+      print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
+            "steps here (generate and run decode autoregressively)")
+  widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)])
   context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
                                pair.draft_config, batch=batch, context=context)
   v = studies.verify_cost_curve(pair.target_params, pair.target_config, batch=batch,
-                                context=context, max_tokens=max(gammas) + 1)
+                                context=context, max_tokens=widest + 1)
   target_ms = 1e3 * studies.call_seconds(pair.target_params, pair.target_config, batch=batch,
                                          tokens=1, context=context)
   print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
@@ -121,28 +165,34 @@ def main(argv):
     print(" | ".join(header))
   for gamma, verifier in itertools.product(gammas, verifiers):
     if records:
-      rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v))
+      rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v, auto))
       continue
-    compile_s = step_compile_seconds(pair, config, gamma, verifier)
+    compile_s = step_compile_seconds(pair, config, gamma, verifier, auto)
     res = studies.side_by_side(
         pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
         pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
         sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
-        vocab_size=pair.vocab_size, verifier=verifier)
-    pred = studies.predicted_speedup(res.alpha, gamma, c, v[gamma + 1])
-    row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1],
+        vocab_size=pair.vocab_size, verifier=verifier, **(auto if gamma == "auto" else {}))
+    pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
+    fixed = gamma != "auto"
+    row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1] if fixed else None,
            "predicted_speedup": pred,
-           "leviathan_speedup": studies.predicted_speedup(res.alpha, gamma, c, 1.0),
+           "leviathan_speedup": (studies.predicted_speedup(res.alpha, gamma, c, 1.0) if fixed
+                                 else None),
            "step_compile_s": compile_s}
     rows.append(row)
     print(f"{gamma} | {verifier} | {res.ar_tokens_per_s:.1f} | {res.sd_tokens_per_s:.1f} | "
           f"{res.speedup:.2f}x | {res.acceptance_rate:.3f} | {res.alpha:.3f} | "
           f"{res.tokens_per_step:.2f} | {res.predicted_tokens_per_step:.2f} | {pred:.2f}x | "
           f"{compile_s:.2f}")
+    print_histogram(gamma, res.gamma_histogram)
   if _OUT.value:
     meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
                 verify_cost={str(k): x for k, x in v.items()})
     meta["prompt_set"] = prompt_set
+    if auto:  # the table gamma 'auto' chose from (runs/costs/), beside this run's own c, v
+      meta["auto_cost_table"] = dict(gamma_max=auto["gamma_max"], c=auto["costs"].c,
+                                     verify_costs=list(auto["costs"].verify_costs))
     atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
                       default=str)
 

@@ -3,8 +3,10 @@ r"""Text in, text out: speculative (or, with --config.draft=none, plain) decodin
   python scripts/generate.py --config=configs/smollm2_135m.py \
       [--config.key=value ...] --prompt "The capital of France is" [--json]
 
-Prints the continuation, then tokens/s, acceptance rate, tokens per step and
-α = mean Σ min(p,q). With --json, one JSON object (text, tokens, statistics, seed).
+Prints the continuation, then tokens/s, acceptance rate, tokens per step,
+α = mean Σ min(p,q) and, with gamma 'auto', how often each γ was chosen (this machine's
+cost table is measured once into runs/costs/; `specdec_jax.machine_costs`). With --json,
+one JSON object (text, tokens, statistics, seed).
 
 On a device mesh (params sharded over 'model', rows over 'data'; `specdec_jax.sharding`),
 on one host or several (`jax.distributed`; every process runs this same command with
@@ -17,6 +19,7 @@ its own process id, and process 0 prints):
 """
 
 import json
+import os
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
@@ -24,7 +27,7 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import sharding
+from specdec_jax import adaptive, machine_costs, sharding
 from specdec_jax.loading import load_pair
 from specdec_jax.parallel import mesh_generate
 from specdec_jax.speculative import autoregressive_generate, speculative_generate
@@ -43,7 +46,16 @@ def main(argv):
   tok = pair.tokenizer
   kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
             eos_id=tok.eos_id, pad_id=tok.eos_id, vocab_size=pair.vocab_size)
+  gamma_kw = {}
+  if pair.draft_config is not None:  # None: drafting does not pay here (one line said so)
+    gamma_kw = machine_costs.gamma_arguments(
+        config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+    if gamma_kw is None:
+      pair.draft_config, gamma_kw = None, {}
   if config.get("mesh", ""):
+    if gamma_kw.get("gamma") == "auto":
+      raise ValueError("gamma 'auto' runs on one device; pass --config.gamma=<int> with "
+                       "--config.mesh")
     mesh = sharding.make_mesh(config.mesh)
     target_params = sharding.shard_params(pair.target_params, mesh)
     draft_params = (None if pair.draft_params is None
@@ -52,7 +64,7 @@ def main(argv):
     def run():
       return mesh_generate(target_params, draft_params, pair.prompts, mesh=mesh,
                            target_config=pair.target_config, draft_config=pair.draft_config,
-                           gamma=config.gamma, verifier=pair.verifier, **kw)
+                           verifier=pair.verifier, **gamma_kw, **kw)
   elif pair.draft_config is None:
     def run():
       return autoregressive_generate(pair.target_params, pair.prompts,
@@ -61,8 +73,8 @@ def main(argv):
     def run():
       return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
                                   target_config=pair.target_config,
-                                  draft_config=pair.draft_config, gamma=config.gamma,
-                                  verifier=pair.verifier, **kw)
+                                  draft_config=pair.draft_config, verifier=pair.verifier,
+                                  **gamma_kw, **kw)
   t0 = time.perf_counter()
   out = run()  # includes compilation
   first = time.perf_counter() - t0
@@ -80,7 +92,10 @@ def main(argv):
       text=rows[0]["text"], tokens=rows[0]["tokens"], rows=rows if len(rows) > 1 else None,
       mode="speculative" if speculative else "autoregressive",
       target=config.target, draft=config.draft if speculative else "none",
-      gamma=config.gamma if speculative else 0, temperature=config.temperature,
+      gamma=gamma_kw["gamma"] if speculative else 0,
+      gamma_max=gamma_kw.get("gamma_max") if speculative else None,
+      gamma_histogram=(adaptive.gamma_histogram(out.gammas) if speculative else None),
+      temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p, seed=config.seed, mesh=config.get("mesh", ""),
       processes=jax.process_count(), devices=jax.device_count(),
       generated_tokens=int(out.lengths.sum()), steps=out.num_steps,
@@ -99,6 +114,8 @@ def main(argv):
   if speculative:
     print(f"    acceptance rate {result['acceptance_rate']:.3f}, "
           f"tokens/step {result['tokens_per_step']:.2f}, alpha {result['alpha']:.3f}")
+    print(f"    gamma {result['gamma']}: steps per chosen gamma "
+          + " ".join(f"{g}:{n}" for g, n in result["gamma_histogram"].items()))
 
 
 if __name__ == "__main__":

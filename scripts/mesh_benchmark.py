@@ -16,7 +16,7 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import sharding, studies
+from specdec_jax import machine_costs, sharding, studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -34,6 +34,10 @@ def main(argv):
   sharding.initialize_distributed(config.get("distributed", ""))  # before other JAX work
   if not config.get("mesh", ""):
     raise ValueError("mesh_benchmark needs --config.mesh=data,model")
+  gamma = machine_costs.parse_gamma(config.gamma)
+  if gamma == "auto":
+    raise ValueError("gamma 'auto' runs on one device; pass --config.gamma=<int> with "
+                     "--config.mesh")
   pair = load_pair(config)
   mesh = sharding.make_mesh(config.mesh)
   kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
@@ -56,7 +60,7 @@ def main(argv):
       def one():
         return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
                                     target_config=pair.target_config, draft_config=draft_config,
-                                    gamma=config.gamma, verifier=pair.verifier, **kw)
+                                    gamma=gamma, verifier=pair.verifier, **kw)
     for shard_vocab in (False, True):
       target = sharding.shard_params(pair.target_params, mesh, shard_vocab=shard_vocab)
       draft = (None if draft_config is None else
@@ -65,7 +69,7 @@ def main(argv):
       def on_mesh():
         return mesh_generate(target, draft, pair.prompts, mesh=mesh,
                              target_config=pair.target_config, draft_config=draft_config,
-                             gamma=config.gamma if draft_config is not None else 0,
+                             gamma=gamma if draft_config is not None else 0,
                              verifier=pair.verifier, **kw)
       first = {"one": one(), "mesh": on_mesh()}  # compile both
       med, _ = studies.interleaved_seconds({"one": one, "mesh": on_mesh}, config.repeats)

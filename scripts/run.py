@@ -13,21 +13,26 @@ r"""`make run`: the real pair, end to end, on the embedded default.
    stopped), then caches the draft.
 3. Generates from the config's prompts with the draft and without it, side by side
    (same prompts, settings and seed; compile excluded; median of repeats), and prints
-   the text, the acceptance, α and the measured speedup.
+   the text, the acceptance, α, the measured speedup and, with gamma 'auto', how many
+   steps chose each γ (from this machine's cost table, measured once into runs/costs/;
+   where no γ pays it says so in one line and decodes plainly).
 4. Does the same with the prompt-lookup draft of --lookup_config on its repetitive
    passage (Psalm 136, whose refrain recurs), where drafting costs nothing;
    --nolookup skips it.
 """
 
+import dataclasses
 import os
 import pathlib
+import time
 
 import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import studies
+from specdec_jax import machine_costs, studies
 from specdec_jax.loading import encode_prompts, load_draft, load_pair
+from specdec_jax.speculative import autoregressive_generate
 from specdec_jax.sampling import SamplingConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -66,18 +71,48 @@ def ensure_draft(config, distill_config) -> None:
   print(f"draft: saved to {draft_dir}; held-out alpha {report['alpha_after']}")
 
 
-def report(tok, texts, res, out, config) -> None:
-  """Prints each prompt's continuation and the side-by-side figures."""
+def print_texts(tok, texts, out) -> None:
   for b, text in enumerate(texts):
     print(f"\n>>> {text}")
     print(tok.decode([i for i in out.row(b) if i != tok.eos_id]))
+
+
+def report(tok, texts, res, out, config) -> None:
+  """Prints each prompt's continuation and the side-by-side figures."""
+  print_texts(tok, texts, out)
   print(f"\ntarget {config.target} | draft {config.draft} | gamma {config.gamma} | "
         f"temperature {config.temperature} | seed {config.seed}")
+  if res.gamma == "auto":
+    print("steps per chosen gamma " + " ".join(f"{g}:{n}"
+                                               for g, n in res.gamma_histogram.items()))
   print(f"acceptance rate {res.acceptance_rate:.3f} | alpha {res.alpha:.3f} | "
         f"tokens/step {res.tokens_per_step:.2f} (predicted {res.predicted_tokens_per_step:.2f})")
   print(f"autoregressive {res.ar_tokens_per_s:.1f} tok/s | speculative "
         f"{res.sd_tokens_per_s:.1f} tok/s | speedup {res.speedup:.2f}x "
         f"(median of {res.repeats}, compile excluded)")
+
+
+def side_by_side(pair, config, texts) -> None:
+  """Step 3 (and 4): the pair's draft against plain decoding on its prompts; plain
+  decoding alone where this machine's cost table says drafting does not pay."""
+  tok = pair.tokenizer
+  gamma_kw = machine_costs.gamma_arguments(
+      config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+  common = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
+                seed=config.seed, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
+  if gamma_kw is None:
+    t0 = time.perf_counter()
+    out = autoregressive_generate(pair.target_params, pair.prompts,
+                                  target_config=pair.target_config, **common)
+    print_texts(tok, texts, out)
+    print(f"autoregressive {out.lengths.sum() / (time.perf_counter() - t0):.1f} tok/s "
+          f"(compile included)")
+    return
+  res, out = studies.side_by_side(
+      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
+      pair.prompts, repeats=config.repeats, return_results=True, verifier=pair.verifier,
+      **gamma_kw, **common)
+  report(tok, texts, res, out, config)
 
 
 def prompt_lookup(pair, config) -> None:
@@ -90,12 +125,9 @@ def prompt_lookup(pair, config) -> None:
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))
   print("\n--- prompt lookup: drafts copied from earlier in the text, at no draft cost")
-  res, out = studies.side_by_side(
-      pair.target_params, pair.target_config, None, draft_config, prompts,
-      gamma=config.gamma, max_new_tokens=config.max_new_tokens, sampling=sampling,
-      seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id, vocab_size=pair.vocab_size,
-      return_results=True, verifier=config.verifier)
-  report(tok, config.prompts, res, out, config)
+  lookup = dataclasses.replace(pair, draft_config=draft_config, draft_params=None,
+                               prompts=prompts, sampling=sampling, verifier=config.verifier)
+  side_by_side(lookup, config, config.prompts)
 
 
 def main(argv):
@@ -105,13 +137,7 @@ def main(argv):
   config = _CONFIG.value
   ensure_draft(config, _DISTILL.value)
   pair = load_pair(config)
-  tok = pair.tokenizer
-  res, out = studies.side_by_side(
-      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-      pair.prompts, gamma=config.gamma, max_new_tokens=config.max_new_tokens,
-      sampling=pair.sampling, seed=config.seed, repeats=config.repeats, eos_id=tok.eos_id,
-      vocab_size=pair.vocab_size, return_results=True, verifier=pair.verifier)
-  report(tok, config.prompts[: len(pair.prompts)], res, out, config)
+  side_by_side(pair, config, config.prompts[: len(pair.prompts)])
   if _RUN_LOOKUP.value:
     prompt_lookup(pair, _LOOKUP.value)
 

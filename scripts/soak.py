@@ -11,6 +11,7 @@ number of compiled decode loops (`decode_loop_jit`'s cache) and the resident mem
 end and the largest drift of resident memory from its value after the first call.
 """
 
+import os
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
@@ -18,6 +19,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
+from specdec_jax import adaptive, machine_costs
 from specdec_jax import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
@@ -60,9 +62,15 @@ def main(argv):
     raise ValueError("soak needs a draft: set --config.draft")
   batch = len(pair.prompts)
   prompts = prompt_windows(pair, 64 * batch, _PROMPT_TOKENS.value, config.seed)
+  gamma_kw = machine_costs.gamma_arguments(  # gamma 'auto': this machine's cost table
+      config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+  if gamma_kw is None:  # drafting does not pay here: soak the loop with plain steps anyway
+    gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
+    gamma_kw = dict(gamma="auto", gamma_max=gamma_max, costs=machine_costs.table_for(
+        pair, gamma_max=gamma_max, directory=os.path.join(_bootstrap.ROOT, "runs", "costs")))
   kw = dict(target_config=pair.target_config, draft_config=pair.draft_config,
-            gamma=config.gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
-            vocab_size=pair.vocab_size, verifier=pair.verifier)
+            max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
+            vocab_size=pair.vocab_size, verifier=pair.verifier, **gamma_kw)
   record, steps, tokens, call = [], 0, 0, 0
   clock = time.perf_counter()
   while (steps < _STEPS.value) if _STEPS.value else (tokens < _TOKENS.value):
