@@ -24,7 +24,7 @@ from specdec_jax import SamplingConfig, autoregressive_generate, speculative_gen
 from specdec_jax import adaptive, machine_costs, studies
 from specdec_jax import speculative as spec
 from specdec_jax.adaptive import CostTable
-from specdec_jax.ngram import NgramDraft
+from specdec_jax.ngram import HybridDraft, NgramDraft
 from specdec_jax.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
 
@@ -142,9 +142,10 @@ def greedy_pairs():
   dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
   feature = tiny_config(vocab=32, layers=1, width=16, tie_embeddings=False,
                         feature_layers=(1, 2), feature_width=32)
-  return dict(model=(target, tp, draft, dp),
-              feature=(target, tp, feature, tiny_model(feature, 1, factor=3.0)),
-              ngram=(target, tp, NgramDraft(2), None))
+  feature_params = tiny_model(feature, 1, factor=3.0)
+  return dict(model=(target, tp, draft, dp), feature=(target, tp, feature, feature_params),
+              ngram=(target, tp, NgramDraft(2), None),
+              hybrid=(target, tp, HybridDraft(feature, 2, 2), feature_params))
 
 
 # The greedy draws of β in {0, 1} move α̂ in steps of 0.2 around the prior: under this
@@ -157,6 +158,7 @@ GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.1, 1.3, 1.6))
     pytest.param("model", "token", marks=pytest.mark.slow),
     pytest.param("feature", "block", marks=pytest.mark.slow),
     pytest.param("ngram", "token", marks=pytest.mark.slow),
+    pytest.param("hybrid", "block", marks=pytest.mark.slow),
 ])
 def test_greedy_auto_gamma_equals_greedy_autoregressive(greedy_pairs, kind, verifier):
   target, tp, draft, dp = greedy_pairs[kind]
@@ -189,24 +191,33 @@ def test_nothing_pays_gives_plain_steps(greedy_pairs):
   assert not NOTHING_PAYS.drafting_pays() and SWITCHING.drafting_pays()
 
 
-@pytest.mark.parametrize("kind", ["feature", pytest.param("model", marks=pytest.mark.slow)])
-def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind):
+@pytest.mark.parametrize("kind,table,alone", [
+    ("feature", "switching", False),
+    pytest.param("model", "graded", True, marks=pytest.mark.slow)])
+def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   """Rows 0 and 3 (same prompts and row ids) give the same tokens and γ choices beside
-  other neighbours (T=1), though each step's call width follows the neighbours' choices.
-  Both batches have one shape, so they share one compiled loop."""
+  other neighbours, or alone, at T=1, though each step's call width follows the
+  neighbours' choices. Batches of one shape share one compiled loop."""
   target, tp, draft, dp = greedy_pairs[kind]
   kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
-            costs=SWITCHING, max_new_tokens=12, sampling=SamplingConfig(1.0), seed=3)
+            costs=dict(switching=SWITCHING, graded=GRADED)[table], max_new_tokens=12,
+            sampling=SamplingConfig(1.0), seed=3)
   first = speculative_generate(tp, dp, PROMPTS, **kw)
-  others = [PROMPTS[0], [30, 29, 28, 27, 26], [25], PROMPTS[3], [24, 23]]
-  second = speculative_generate(tp, dp, others, row_ids=[0, 10, 11, 3, 12], **kw)
-  for b in (0, 3):
-    np.testing.assert_array_equal(first.tokens[b], second.tokens[b])
+  rows = (0, 3)
+  if alone:
+    seconds = [speculative_generate(tp, dp, [PROMPTS[b]], row_ids=[b], **kw) for b in rows]
+    pairs = [(b, s, 0) for b, s in zip(rows, seconds)]
+  else:
+    others = [PROMPTS[0], [30, 29, 28, 27, 26], [25], PROMPTS[3], [24, 23]]
+    second = speculative_generate(tp, dp, others, row_ids=[0, 10, 11, 3, 12], **kw)
+    seconds, pairs = [second], [(b, second, b) for b in rows]
+  for b, second, c in pairs:
+    np.testing.assert_array_equal(first.tokens[b], second.tokens[c])
     steps = (first.gammas[b] >= 0).sum()
-    np.testing.assert_array_equal(first.gammas[b, :steps], second.gammas[b, :steps])
-  widths = [g.max(axis=0) for g in (first.gammas, second.gammas)]  # the batches' widths - 1
-  steps = min(len(w) for w in widths)
-  assert (widths[0][:steps] != widths[1][:steps]).any()
+    np.testing.assert_array_equal(first.gammas[b, :steps], second.gammas[c, :steps])
+  widths = first.gammas.max(axis=0)  # the batch's call widths - 1, step by step
+  assert any((widths[:s.num_steps] != s.gammas.max(axis=0)[:widths.size]).any()
+             for s in seconds)
   assert len(np.unique(first.gammas[first.gammas >= 0])) > 1
 
 
