@@ -124,13 +124,15 @@ def load_prompts(config, tokenizer) -> list[list[int]]:
 
 # --------------------------------------------------------------------------- statistics
 
-def position_stats(accepted: np.ndarray, accept_prob: np.ndarray, gamma: int) -> dict:
-  """Per block position j (0-based), over live steps: how often it was reached (n >= j),
-  accepted (n > j), and Σβ where reached.
+def position_stats(accepted: np.ndarray, accept_prob: np.ndarray, gamma: int,
+                   gammas: np.ndarray | None = None) -> dict:
+  """Per block position j (0-based), over live steps: how often it was proposed and
+  reached (j < γ_b, n >= j), accepted (n > j), and Σβ where reached.
 
-  accepted [B,steps] (-1 where idle), accept_prob [B,steps,G].
+  accepted [B,steps] (-1 where idle), accept_prob [B,steps,G], gammas [B,steps] (the γ_b
+  each step proposed; None: every step proposed G).
   """
-  reached = reached_positions(accepted, gamma)
+  reached = reached_positions(accepted, gamma, gammas)
   took = reached & (np.arange(gamma) < accepted[..., None])
   return dict(reached=reached.sum((0, 1)), accepted=took.sum((0, 1)),
               beta=np.where(reached, accept_prob, 0.0).sum((0, 1), dtype=np.float64))
@@ -142,7 +144,7 @@ def generation_stats(results: Sequence[GenerationResult], gamma: int) -> dict:
   row_steps = sum(int(r.steps_per_row.sum()) for r in results)
   loop_row_steps = sum(r.accepted.size for r in results)
   idle = sum(int((r.accepted < 0).sum()) for r in results)
-  pos = [position_stats(r.accepted, r.accept_prob, gamma) for r in results]
+  pos = [position_stats(r.accepted, r.accept_prob, gamma, r.gammas) for r in results]
   reached = sum(p["reached"] for p in pos)
   accepted = sum(p["accepted"] for p in pos)
   beta = sum(p["beta"] for p in pos)
