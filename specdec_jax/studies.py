@@ -222,6 +222,9 @@ def side_by_side_per_prompt(target_params, target_config: ModelConfig, draft_par
                             [prompt], return_results=True, **kw)
     rows.append(dict(id=pid, domain=domain, prompt_tokens=len(prompt),
                      tokens=int(out.lengths.sum()), **res.to_dict()))
+    # Each prompt length is its own pair of compiled loops; dropping them keeps the
+    # process under vm.max_map_count (tests/conftest.py) on a long prompt set.
+    jax.clear_caches()
   summary = prompt_sets.domain_summary(
       domains, speedup=[r["speedup"] for r in rows], alpha=[r["alpha"] for r in rows],
       acceptance=[r["acceptance_rate"] for r in rows])

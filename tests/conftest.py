@@ -3,6 +3,12 @@
 The tests compile hundreds of tiny programs and run each for milliseconds, so XLA's
 backend optimisation is turned off for them (about a third off `make test`'s time);
 subprocesses inherit it from the environment.
+
+Every compiled XLA:CPU program keeps a few memory mappings for its code, and a process
+may hold at most vm.max_map_count (65530 by default) of them: one pytest process that
+keeps every program of the suite loaded ends in "LLVM ERROR: Unable to allocate section
+memory". So the compiled programs are dropped after each test module
+(`release_compiled_programs`).
 """
 
 import os
@@ -11,6 +17,7 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts its backend
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers import tiny_config, tiny_model  # noqa: E402
@@ -22,3 +29,10 @@ def tiny_pair():
   target = tiny_config(layers=2)
   draft = tiny_config(layers=1, width=16)
   return target, tiny_model(target, 0), draft, tiny_model(draft, 1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+  """jax.clear_caches() after each test module (see the module docstring)."""
+  yield
+  jax.clear_caches()

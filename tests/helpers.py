@@ -55,3 +55,17 @@ def chi_square_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: floa
   if len(expected) == 1:  # a point mass: the assert above is the whole test
     return 1.0
   return stats.chisquare(observed, expected).pvalue
+
+
+def complete_with_fresh_draws(p_rows: np.ndarray, tokens: np.ndarray, accepted: np.ndarray,
+                              seed: int) -> np.ndarray:
+  """int [N,G+1]: each row's emitted tokens tokens[:, :n+1] (n = accepted), then fresh
+  draws from p_j at every later position j (numpy, seeded). A verifier step is exact iff
+  these completed sequences are distributed as p_1 ⊗ .. ⊗ p_{G+1} (position-wise p
+  [G+1,V])."""
+  n, width = tokens.shape
+  rng = np.random.default_rng(seed)
+  cdf = np.cumsum(p_rows / p_rows.sum(-1, keepdims=True), axis=-1)
+  fresh = np.stack([np.minimum(np.searchsorted(cdf[j], rng.random(n), side="right"),
+                               p_rows.shape[-1] - 1) for j in range(width)], axis=1)
+  return np.where(np.arange(width)[None] <= accepted[:, None], tokens, fresh)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue
+from helpers import SIGNIFICANCE, chi_square_pvalue, complete_with_fresh_draws
 from specdec_jax.sampling import warp
 from specdec_jax.verify import (block_residual_distribution, block_verification_terms,
                                 block_verify, verify)
@@ -255,12 +255,7 @@ def _sample_rows(p_rows, q_rows, n, seed, verifier):
   tokens, accepted = np.asarray(tokens), np.asarray(accepted)
   assert tokens.shape == (n, g + 1) and accepted.shape == (n,)
   assert ((accepted >= 0) & (accepted <= g)).all()
-  rng = np.random.default_rng(seed)
-  cdf = np.cumsum(p_rows / p_rows.sum(-1, keepdims=True), axis=-1)
-  fresh = np.stack([np.minimum(np.searchsorted(cdf[j], rng.random(n), side="right"), v - 1)
-                    for j in range(g + 1)], axis=1)
-  completed = np.where(np.arange(g + 1)[None] <= accepted[:, None], tokens, fresh)
-  return tokens, accepted, completed
+  return tokens, accepted, complete_with_fresh_draws(p_rows, tokens, accepted, seed)
 
 
 # Every sampling test uses N rows and V = 4 (the toy example V = 2) so that the jitted

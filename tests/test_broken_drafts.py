@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from helpers import (SIGNIFICANCE, chi_square_pvalue, complete_with_fresh_draws, tiny_config,
+                     tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax.sampling import warp
 from specdec_jax.verify import block_verify, valid_proposals, verify
@@ -111,12 +112,7 @@ def _sample(p, q, favourite, start, verifier, seed):
   p_rows = jnp.broadcast_to(jnp.asarray(p, jnp.float32), (N, G + 1, V))
   tokens, accepted = jax.jit(verifier)(drafts, q_rows, p_rows, key_verify)
   tokens, accepted = np.asarray(tokens), np.asarray(accepted)
-  rng = np.random.default_rng(seed)
-  cdf = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
-  fresh = np.stack([np.minimum(np.searchsorted(cdf[j], rng.random(N), side="right"), V - 1)
-                    for j in range(G + 1)], axis=1)
-  completed = np.where(np.arange(G + 1)[None] <= accepted[:, None], tokens, fresh)
-  return tokens, accepted, completed
+  return tokens, accepted, complete_with_fresh_draws(p, tokens, accepted, seed)
 
 
 def _pvalues(p, tokens, accepted, completed):
