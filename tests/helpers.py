@@ -69,3 +69,13 @@ def complete_with_fresh_draws(p_rows: np.ndarray, tokens: np.ndarray, accepted: 
   fresh = np.stack([np.minimum(np.searchsorted(cdf[j], rng.random(n), side="right"),
                                p_rows.shape[-1] - 1) for j in range(width)], axis=1)
   return np.where(np.arange(width)[None] <= accepted[:, None], tokens, fresh)
+
+
+def greedy_draft_pair():
+  """(target, params, draft, params), vocabulary 32: the draft is the target's first layer
+  with its embedding and head, so greedily it agrees often but not always."""
+  target = tiny_config(vocab=32, layers=2, width=32)
+  tp = tiny_model(target, 0, factor=8.0)
+  draft = target.replace(num_layers=1)
+  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
+  return target, tp, draft, dp

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from helpers import (SIGNIFICANCE, chi_square_pvalue, greedy_draft_pair, tiny_config,
+                     tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax import adaptive, machine_costs, studies
 from specdec_jax import speculative as spec
@@ -136,10 +137,7 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
 @pytest.fixture(scope="module")
 def greedy_pairs():
   """test_speculative's greedy pair (vocabulary 32) and a feature draft on its target."""
-  target = tiny_config(vocab=32, layers=2, width=32)
-  tp = tiny_model(target, 0, factor=8.0)
-  draft = target.replace(num_layers=1)
-  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
+  target, tp, draft, dp = greedy_draft_pair()
   feature = tiny_config(vocab=32, layers=1, width=16, tie_embeddings=False,
                         feature_layers=(1, 2), feature_width=32)
   feature_params = tiny_model(feature, 1, factor=3.0)

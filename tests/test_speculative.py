@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config, tiny_model
+from helpers import greedy_draft_pair, tiny_config, tiny_model
 from specdec_jax import (
     SamplingConfig,
     autoregressive_generate,
@@ -29,11 +29,7 @@ def generate(pair, prompts=PROMPTS, gamma=3, **kw):
 @pytest.fixture(scope="module")
 def greedy_pair():
   """A draft that agrees with the target often but not always (greedy)."""
-  target = tiny_config(vocab=32, layers=2, width=32)
-  tp = tiny_model(target, 0, factor=8.0)
-  draft = target.replace(num_layers=1)
-  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
-  return target, tp, draft, dp
+  return greedy_draft_pair()
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
