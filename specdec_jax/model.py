@@ -257,7 +257,8 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens, positions, cache, return_logits: bool = True,
                full_vocab: bool = True, hidden_layers: tuple[int, ...] = (),
-               input_embed=None, target_features=None, context=None, attn_mask=None):
+               input_embed=None, target_features=None, context=None, attn_mask=None,
+               logits_at=None):
     cfg = self.config
     dt = cfg.jnp_dtype
     if cfg.feature_layers:
@@ -301,6 +302,8 @@ class Transformer(nn.Module):
     new_cache = {"k": kv["k"], "v": kv["v"], "length": cache["length"] + tokens.shape[1]}
     if not return_logits:
       return None, new_cache, hidden
+    if logits_at is not None:  # [B,T'] indices into this call's T positions
+      x = jnp.take_along_axis(x, logits_at[..., None], axis=1)
     x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
     if cfg.tie_embeddings:
       logits = jnp.einsum("btd,vd->btv", x, embed, preferred_element_type=jnp.float32)
@@ -387,7 +390,7 @@ def forward(params, tokens: Array, positions: Array, cache: Cache, *,
             config: ModelConfig, return_logits: bool = True, full_vocab: bool = True,
             hidden_layers: tuple[int, ...] = (), input_embed: Array | None = None,
             target_features: Array | None = None, context: Array | None = None,
-            attn_mask: Array | None = None):
+            attn_mask: Array | None = None, logits_at: Array | None = None):
   """(params, tokens[B,T], positions[B,T], cache) -> (logits[B,T,V] float32 | None, cache).
 
   params may be stacked or unstacked (see `Transformer`). With return_logits=False
@@ -402,6 +405,8 @@ def forward(params, tokens: Array, positions: Array, cache: Cache, *,
   [B,T,D] (its own hidden states); see the module docstring.
   attn_mask: bool [B,T,S] replacing the causal `slot <= position` mask (training-time
   test unrolls attend along a diagonal; see `distill`).
+  logits_at: int [B,T'] indices into the T positions: logits [B,T',V] of those only (the
+  head is the widest matmul of a small draft; the cache and hidden states cover all T).
   """
   if config.feature_layers and input_embed is None:
     raise ValueError("a feature draft needs input_embed (the target's embedding [V,E])")
@@ -409,7 +414,8 @@ def forward(params, tokens: Array, positions: Array, cache: Cache, *,
   logits, cache, hidden = model.apply(
       {"params": params}, tokens, positions, cache, return_logits=return_logits,
       full_vocab=full_vocab, hidden_layers=tuple(hidden_layers), input_embed=input_embed,
-      target_features=target_features, context=context, attn_mask=attn_mask)
+      target_features=target_features, context=context, attn_mask=attn_mask,
+      logits_at=logits_at)
   if hidden_layers:
     return logits, cache, hidden
   return logits, cache

@@ -46,13 +46,18 @@ Per-row proposal counts (`adaptive`). Each step, row b proposes γ_b <= G drafts
 fixed γ; 0 where a prompt lookup finds no match (a draft with nothing to say proposes
 nothing); with gamma='auto' (G = γ_max, a cost table given) `adaptive.choose_gamma` of
 the row's acceptance estimate. The step runs one of the static target-call widths
-k in `adaptive.call_widths` (a `lax.switch`, one compiled loop), the narrowest with
-k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (d = 1 at k = 1 gives q_1 for
-the estimate), the target sees [t, x_1..x_{k-1}], and xs, qs, ps are padded to G (zero
-q rows) so the verifier, called with num_proposed = γ_b, draws the same uniforms and
-emits the same tokens for a row whatever width its batch took. A feature draft's re-read
-keeps its fixed width G+1 at every k, so its cache and features stay those of the
-emitted tokens. With a fixed γ and no lookup the step is the single width G+1, unchanged.
+k in `adaptive.call_widths`, the narrowest with k >= max_b γ_b + 1: the draft draws
+d = max(k-1, 1) tokens (d = 1 at k = 1 gives q_1 for the estimate), the target sees
+[t, x_1..x_{k-1}], and xs, qs, ps are padded to G (zero q rows) so the verifier, called
+with num_proposed = γ_b, draws the same uniforms and emits the same tokens for a row
+whatever width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with
+the row's resampling key (the argmax at T=0), on one position. `decode_loop` runs one
+inner `while_loop` per width inside the loop of steps, each taking the steps whose
+width is its own (one compiled loop; no conditional, whose branches would receive
+copies of both caches); the single jitted `speculative_step` picks the width with a
+`lax.switch`. A feature draft's re-read keeps its fixed width G+1 at every k, so its
+cache and features stay those of the emitted tokens. With a fixed γ and no lookup the
+step is the single width G+1, unchanged.
 
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
@@ -75,6 +80,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import adaptive, ngram, sharding
+from specdec_jax.drafting import (DRAFT_FNS, DraftConfig, feature_part, pending_tokens,
+                                  with_length)
 from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.results import GenerationResult, reached_positions  # noqa: F401
 from specdec_jax.results import finish as _finish
@@ -85,8 +92,6 @@ Array = jax.Array
 # (xs, qs, ps, keys) -> (tokens, n), and the keyword num_proposed where rows may propose
 # fewer than G (gamma 'auto', prompt lookups): both verifiers of `verify` take it.
 Verifier = Callable[..., tuple[Array, Array]]
-# ModelConfig.kind 'model' | 'feature'; 'ngram'; 'hybrid' (lookup + a feature draft)
-DraftConfig = ModelConfig | ngram.NgramDraft | ngram.HybridDraft
 # The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
 # Block verification is the default: it accepts the same tokens greedily, and never fewer
@@ -193,10 +198,6 @@ def _row_keys(seed, row_ids: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- step
 
-def _with_length(cache: dict, length: Array) -> dict:
-  return {**cache, "length": length}
-
-
 def _emit(state: DecodeState, block: Array, count: Array, *, eos_id: int | None,
           max_new_tokens: int) -> tuple[DecodeState, Array]:
   """Appends block[b, :count[b]] (cut at EOS / max_new_tokens) to each live row."""
@@ -222,123 +223,56 @@ def _step_keys(state: DecodeState) -> Array:
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)
 
 
-def _pending(state: DecodeState) -> Array:
-  return jnp.take_along_axis(state.tokens, (state.num_tokens - 1)[:, None], axis=1)[:, 0]
+def step_plan(state: DecodeState, *, draft_config: DraftConfig, gamma: int,
+              costs: Array | None) -> tuple[Array, Array, Array | None]:
+  """Row b's proposal count this step -> (chosen int32 [B] = γ_b, proposes bool [B],
+  a lookup's proposals int32 [B,G] or None); module docstring, "Per-row proposal counts".
+  """
+  live = ~state.done
+  chosen = (jnp.full(state.num_tokens.shape, gamma, jnp.int32) if costs is None
+            else adaptive.choose_gamma(state.alpha_estimate, costs))
+  proposes, looked = live, None  # rows whose draft has something to say
+  if draft_config.kind == "ngram":
+    looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=1,
+                                 max_n=draft_config.max_n, gamma=gamma)
+    proposes = live & found
+  return jnp.where(proposes, chosen, 0), proposes, looked
 
 
-def _draft_model(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
-                 draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool):
-  """Steps 1-2 for an independent draft -> (xs [B,G], qs [B,G,V], draft cache)."""
-  del target_params
-  length = state.num_tokens - 1
-
-  def draft_one(carry, keys):
-    cache, token, pos = carry
-    logits, cache = forward(draft_params, token[:, None], pos[:, None], cache,
-                            config=draft_config)
-    q = warp_fn(logits[:, 0])
-    x = jax.vmap(functools.partial(sample, greedy=greedy))(keys, q)
-    return (cache, x, pos + 1), (x, q)
-
-  draft_cache = _with_length(state.draft_cache, length)
-  (draft_cache, last, _), (xs, qs) = jax.lax.scan(
-      draft_one, (draft_cache, _pending(state), length), jnp.swapaxes(draft_keys, 0, 1))
-  _, draft_cache = forward(draft_params, last[:, None], (length + gamma)[:, None], draft_cache,
-                           config=draft_config, return_logits=False)
-  return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), draft_cache
-
-
-def _draft_feature(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
-                   draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool):
-  """Steps 1'-2' for a feature draft -> (xs [B,G], qs [B,G,V], draft cache)."""
-  length = state.num_tokens - 1
-  embed = target_params["embed"]
-  own = (draft_config.num_layers,)  # the draft's last hidden state: its own context
-  draft_sample = jax.vmap(functools.partial(sample, greedy=greedy))
-  base = state.draft_cache["length"]  # ℓ_d [B]
-  offsets = jnp.arange(state.features.shape[1])[None, :]  # G+1 at every call width
-  reread = jnp.take_along_axis(state.tokens, base[:, None] + offsets, axis=1)  # [B,G+1]
-  logits, cache, hidden = forward(draft_params, reread, base[:, None] + offsets,
-                                  state.draft_cache, config=draft_config, input_embed=embed,
-                                  target_features=state.features, hidden_layers=own)
-  at = (length - base)[:, None, None]  # the pending token's index in the re-read
-  first = jnp.take_along_axis(logits, at, axis=1)[:, 0]
-  h = jnp.take_along_axis(hidden, at, axis=1)[:, 0]
-  q1 = warp_fn(first)
-  x1 = draft_sample(draft_keys[:, 0], q1)
-
-  def draft_one(carry, keys):
-    cache, token, h, pos = carry
-    logits, cache, h = forward(draft_params, token[:, None], pos[:, None], cache,
-                               config=draft_config, input_embed=embed, context=h[:, None],
-                               hidden_layers=own)
-    q = warp_fn(logits[:, 0])
-    x = draft_sample(keys, q)
-    return (cache, x, h[:, 0], pos + 1), (x, q)
-
-  (cache, _, _, _), (xs, qs) = jax.lax.scan(
-      draft_one, (_with_length(cache, length + 1), x1, h, length + 1),
-      jnp.swapaxes(draft_keys[:, 1:], 0, 1))
-  xs = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
-  qs = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-  return xs, qs, cache
-
-
-def _draft_hybrid(target_params, draft_params, state: DecodeState, draft_keys: Array, *,
-                  draft_config: ngram.HybridDraft, gamma: int, warp_fn, greedy: bool):
-  """The feature draft's steps 1'-2' for every row; rows with a lookup match take its
-  proposals, q one-hot -> (xs [B,G], qs [B,G,V], draft cache)."""
-  xs, qs, cache = _draft_feature(target_params, draft_params, state, draft_keys,
-                                 draft_config=draft_config.feature, gamma=gamma,
-                                 warp_fn=warp_fn, greedy=greedy)
-  looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=draft_config.min_n,
-                               max_n=draft_config.max_n, gamma=gamma)
-  one_hot = jax.nn.one_hot(looked, qs.shape[-1], dtype=qs.dtype)
-  return (jnp.where(found[:, None], looked, xs), jnp.where(found[:, None, None], one_hot, qs),
-          cache)
-
-
-def feature_part(draft_config: DraftConfig | None) -> ModelConfig | None:
-  """The feature draft that reads the target's features: the draft itself or a hybrid's."""
-  kind = getattr(draft_config, "kind", None)
-  return draft_config.feature if kind == "hybrid" else (
-      draft_config if kind == "feature" else None)
+def step_widths(draft_config: DraftConfig, gamma: int, costs) -> tuple[int, ...]:
+  """The static target-call widths of a step (`adaptive.call_widths`)."""
+  return adaptive.call_widths(gamma, costs is not None, draft_config.kind == "ngram")
 
 
 def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         target_config: ModelConfig, draft_config: DraftConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                         max_new_tokens: int, verifier: Verifier = block_verify,
-                        costs: Array | None = None) -> DecodeState:
+                        costs: Array | None = None, width: int | None = None) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted.
 
   costs: float32 [G+2] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
-  None for a fixed γ.
+  None for a fixed γ. width: the call width this step takes, when the caller has chosen
+  it (`decode_loop`: the width `adaptive.width_index` picks from this state); None picks
+  it here, a `lax.switch` over `step_widths` where there are several.
   """
   warp_fn = functools.partial(_warp_vocab, vocab=vocab_size, temperature=sampling.temperature,
                               top_k=sampling.top_k, top_p=sampling.top_p)
   feature = feature_part(draft_config) is not None
   length = state.num_tokens - 1
-  pending = _pending(state)
+  pending = pending_tokens(state)
   split = jax.vmap(jax.random.split)(_step_keys(state))  # [B,2,2]
   draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
   verify_keys = split[:, 1]
   live = ~state.done
+  chosen, proposes, looked = step_plan(state, draft_config=draft_config, gamma=gamma,
+                                       costs=costs)
+  widths = step_widths(draft_config, gamma, costs)
 
-  # γ_b: the drafts row b proposes this step (module docstring, "Per-row proposal counts").
-  chosen = (jnp.full(length.shape, gamma, jnp.int32) if costs is None
-            else adaptive.choose_gamma(state.alpha_estimate, costs))
-  proposes = live  # rows whose draft has something to say
-  if draft_config.kind == "ngram":
-    looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=1,
-                                 max_n=draft_config.max_n, gamma=gamma)
-    proposes = live & found
-  chosen = jnp.where(proposes, chosen, 0)
-  widths = adaptive.call_widths(gamma, costs is not None, draft_config.kind == "ngram")
-
-  def draft_and_target(width: int):
+  def draft_and_target(width: int, pad: bool = True):
     """A branch: d = max(width-1, 1) drafts and a target call of `width` tokens ->
-    (xs [B,G], qs [B,G,V], ps [B,G+1,V], target cache, draft cache, features [B,G+1,F])."""
+    (xs [B,G], qs [B,G,V], ps [B,G+1,V], target cache, draft cache, features [B,G+1,F]);
+    pad=False keeps xs [B,d], qs [B,d,V], ps [B,width,V]."""
     def run():
       d = max(width - 1, 1)
       if draft_config.kind == "ngram":
@@ -346,37 +280,51 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
         qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
         draft_cache = None
       else:
-        draft_fn = dict(model=_draft_model, feature=_draft_feature,
-                        hybrid=_draft_hybrid)[draft_config.kind]
-        xs, qs, draft_cache = draft_fn(target_params, draft_params, state, draft_keys[:, :d],
-                                       draft_config=draft_config, gamma=d, warp_fn=warp_fn,
-                                       greedy=sampling.temperature == 0)
+        xs, qs, draft_cache = DRAFT_FNS[draft_config.kind](
+            target_params, draft_params, state, draft_keys[:, :d], draft_config=draft_config,
+            gamma=d, warp_fn=warp_fn, greedy=sampling.temperature == 0)
       target_in = jnp.concatenate([pending[:, None], xs[:, :width - 1]], axis=1)  # [B,k]
       positions = length[:, None] + jnp.arange(width)[None, :]
       out = forward(target_params, target_in, positions,
-                    _with_length(state.target_cache, length), config=target_config,
+                    with_length(state.target_cache, length), config=target_config,
                     hidden_layers=feature_part(draft_config).feature_layers if feature else ())
       ps = warp_fn(out[0])  # [B,k,V]
       features = out[2].astype(state.features.dtype) if feature else None
-      if width < gamma + 1:
+      if feature:
+        features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
+      if pad and width < gamma + 1:
         # Pad to G: zero q rows are never proposals, and the p rows past k (finite copies
         # of p_k) are never drawn from, since every row's γ_b <= k - 1.
         xs = jnp.pad(xs, ((0, 0), (0, gamma - d)))
         qs = jnp.pad(qs, ((0, 0), (0, gamma - d), (0, 0)))
         ps = jnp.pad(ps, ((0, 0), (0, gamma + 1 - width), (0, 0)), mode="edge")
-        if feature:
-          features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
       return xs, qs, ps, out[1], draft_cache, features
     return run
 
-  if len(widths) == 1:  # a fixed γ, every row proposes G: today's step
+  if len(widths) == 1:  # a fixed γ, every row proposes G: one width
     xs, qs, ps, target_cache, draft_cache, features = draft_and_target(widths[0])()
     block, num_accepted = verifier(xs, qs, ps, verify_keys)
+  elif width == 1:
+    # No row proposes: the verifier draws y ~ p_1 with the row's resampling key, which
+    # does not depend on G (its uniforms go unused), so one position stands for G.
+    # At T=0 that draw is the argmax of the one-hot p_1, as a plain step takes it.
+    xs, qs, ps, target_cache, draft_cache, features = draft_and_target(1, pad=False)()
+    if sampling.temperature == 0:
+      block = jnp.argmax(ps[:, 0], axis=-1).astype(jnp.int32)[:, None]
+      num_accepted = jnp.zeros_like(length)
+    else:
+      block, num_accepted = verifier(xs, qs, jnp.concatenate([ps, ps], axis=1), verify_keys,
+                                     num_proposed=chosen)
+    block = jnp.pad(block, ((0, 0), (0, gamma + 1 - block.shape[1])))
+  elif width is not None:
+    xs, qs, ps, target_cache, draft_cache, features = draft_and_target(width)()
+    block, num_accepted = verifier(xs, qs, ps, verify_keys, num_proposed=chosen)
   else:
     xs, qs, ps, target_cache, draft_cache, features = jax.lax.switch(
         adaptive.width_index(widths, chosen), [draft_and_target(k) for k in widths])
     block, num_accepted = verifier(xs, qs, ps, verify_keys, num_proposed=chosen)
   beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
+  beta = jnp.pad(beta, ((0, 0), (0, gamma - beta.shape[1])))  # [B,G]
   state = state.replace(
       accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),
       accept_prob=state.accept_prob.at[:, state.step].set(beta),
@@ -391,10 +339,10 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   new_length = state.num_tokens - 1
   if feature:  # the re-read of the next step starts right after the pending token t
     state = state.replace(features=features)
-    draft_cache = _with_length(draft_cache, length + 1)
+    draft_cache = with_length(draft_cache, length + 1)
   elif draft_cache is not None:
-    draft_cache = _with_length(draft_cache, new_length)
-  return state.replace(target_cache=_with_length(target_cache, new_length),
+    draft_cache = with_length(draft_cache, new_length)
+  return state.replace(target_cache=with_length(target_cache, new_length),
                        draft_cache=draft_cache, step=state.step + 1)
 
 
@@ -409,8 +357,8 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
                            max_new_tokens: int) -> DecodeState:
   """One plain decoding step: feed the pending token, sample one token per row."""
   length = state.num_tokens - 1
-  logits, target_cache = forward(target_params, _pending(state)[:, None], length[:, None],
-                                 _with_length(state.target_cache, length), config=target_config)
+  logits, target_cache = forward(target_params, pending_tokens(state)[:, None], length[:, None],
+                                 with_length(state.target_cache, length), config=target_config)
   p = warp(logits[:, 0, :vocab_size], sampling.temperature, sampling.top_k, sampling.top_p)
   greedy = sampling.temperature == 0
   token = jax.vmap(functools.partial(sample, greedy=greedy))(_step_keys(state), p)
@@ -420,7 +368,7 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
                         gammas=state.gammas.at[:, state.step].set(idle))
   state, _ = _emit(state, token[:, None], jnp.ones_like(length), eos_id=eos_id,
                    max_new_tokens=max_new_tokens)
-  return state.replace(target_cache=_with_length(target_cache, state.num_tokens - 1),
+  return state.replace(target_cache=with_length(target_cache, state.num_tokens - 1),
                        step=state.step + 1)
 
 
@@ -462,7 +410,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
 
   out = forward(target_params, tokens, positions, empty_cache(target_config),
                 config=target_config, return_logits=False, hidden_layers=layers)
-  target_cache = _with_length(out[1], prompt_len - 1)
+  target_cache = with_length(out[1], prompt_len - 1)
   draft_cache = features = None
   if feature:
     f = out[2]  # [B,W,F]: the target's features at positions 0..W-1
@@ -471,14 +419,14 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
                              empty_cache(draft_config), config=draft_config,
                              return_logits=False, input_embed=target_params["embed"],
                              target_features=shifted[:, :width])
-    draft_cache = _with_length(draft_cache, prompt_len - 1)
+    draft_cache = with_length(draft_cache, prompt_len - 1)
     features = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, gamma + 1))(
         shifted, prompt_len - 1)
   elif draft_config is not None and draft_config.kind == "model":
     _, draft_cache = forward(draft_params, tokens, positions,
                              empty_cache(draft_config), config=draft_config,
                              return_logits=False)
-    draft_cache = _with_length(draft_cache, prompt_len - 1)
+    draft_cache = with_length(draft_cache, prompt_len - 1)
 
   buffer = jnp.zeros((batch, width + max_new_tokens + gamma + 1), jnp.int32)
   return DecodeState(
@@ -539,7 +487,24 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
   def cond(s):
     return _any_live(s, axis_name) & (s.step < max_new_tokens)
 
-  return jax.lax.while_loop(cond, body, state)
+  widths = () if draft_config is None else step_widths(draft_config, gamma, costs)
+  if len(widths) <= 1:
+    return jax.lax.while_loop(cond, body, state)
+
+  # Several call widths: one inner while_loop per width, each taking the steps whose
+  # chosen width is its own, in turn (module docstring). No step runs under a
+  # conditional, whose branches XLA:CPU gives copies of both caches.
+  def width_of(s):
+    chosen, _, _ = step_plan(s, draft_config=draft_config, gamma=gamma, costs=costs)
+    return adaptive.width_index(widths, chosen)
+
+  def steps_at(state, index):
+    return jax.lax.while_loop(
+        lambda s: jnp.any(~s.done) & (s.step < max_new_tokens) & (width_of(s) == index),
+        functools.partial(body, width=widths[index]), state)
+
+  return jax.lax.while_loop(
+      cond, lambda s: functools.reduce(steps_at, range(len(widths)), s), state)
 
 
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",

@@ -18,6 +18,7 @@ import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue, noise_params, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_jax import drafting
 from specdec_jax import speculative as spec
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer, load_draft
@@ -168,7 +169,7 @@ def test_feature_branch_equals_a_fresh_feature_draft(greedy_pair):
   width = args.tokens.shape[1] + new  # a fixed prefix width: one compile of the fresh prefill
   keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(
       len(PROMPTS), gamma, 2)
-  draft_qs = jax.jit(lambda st: spec._draft_feature(
+  draft_qs = jax.jit(lambda st: drafting.draft_feature(
       tp, dp, st, keys, draft_config=feature, gamma=gamma, greedy=False,
       warp_fn=lambda logits: jax.nn.softmax(logits[..., :32], -1))[1])
   branches = np.zeros(2, np.int64)
