@@ -140,8 +140,13 @@ def _check_positive_int(name: str, value) -> None:
     raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
 
-def prepare_prompts(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-  """A list of token-id sequences (or an int array [B,P]) -> (tokens[B,P], lengths[B])."""
+def prepare_prompts(prompts, pad_id: int = 0,
+                    width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """A list of token-id sequences (or an int array [B,P]) -> (tokens[B,P], lengths[B]).
+
+  width: pad to at least this P (one compiled loop serves every prompt up to it; a row's
+  tokens do not depend on the padding past its prompt).
+  """
   if isinstance(prompts, (np.ndarray, jax.Array)):
     arr = np.asarray(prompts)
     if arr.ndim != 2:
@@ -165,7 +170,9 @@ def prepare_prompts(prompts, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     if not np.issubdtype(row.dtype, np.integer):
       raise ValueError(f"prompt {i} must hold integer token ids, got dtype {row.dtype}")
     lengths.append(row.size)
-  out = np.full((len(rows), max(lengths)), pad_id, np.int32)
+  if width is not None:
+    _check_positive_int("prompt_width", width)
+  out = np.full((len(rows), max(lengths + [width or 0])), pad_id, np.int32)
   for i, row in enumerate(rows):
     out[i, : lengths[i]] = row
   return out, np.asarray(lengths, np.int32)
@@ -528,7 +535,8 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
                      gamma: int | str, max_new_tokens: int, sampling: SamplingConfig | None,
                      seed, row_ids, eos_id: int | None, pad_id: int, vocab_size: int | None,
                      verifier: Verifier | None, gamma_max: int | None = None,
-                     costs: adaptive.CostTable | None = None) -> GenerateArgs:
+                     costs: adaptive.CostTable | None = None,
+                     prompt_width: int | None = None) -> GenerateArgs:
   """Checks every argument and raises ValueError naming the offending one.
 
   gamma='auto' (with a draft) takes gamma_max (default `adaptive.DEFAULT_GAMMA_MAX`) and
@@ -552,7 +560,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
   if not isinstance(sampling, SamplingConfig):
     raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
   vocab = resolve_vocab(target_config, draft_config, vocab_size)
-  tokens, prompt_len = prepare_prompts(prompts, pad_id)
+  tokens, prompt_len = prepare_prompts(prompts, pad_id, prompt_width)
   if tokens.min() < 0 or tokens.max() >= vocab:
     raise ValueError(f"prompt token ids must lie in [0, {vocab}), got range "
                      f"[{tokens.min()}, {tokens.max()}]")
@@ -616,7 +624,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                          eos_id: int | None = None, pad_id: int = 0,
                          vocab_size: int | None = None,
                          verifier: Verifier | str | None = None, gamma_max: int | None = None,
-                         costs: adaptive.CostTable | None = None) -> GenerationResult:
+                         costs: adaptive.CostTable | None = None,
+                         prompt_width: int | None = None) -> GenerationResult:
   """Speculative sampling of up to max_new_tokens per prompt, one jitted while_loop.
 
   gamma: drafts per step, or 'auto': each row and step picks 0..gamma_max from its
@@ -625,6 +634,7 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   prompts: a list of B token-id lists (any lengths >= 1) or an int array [B,P].
   seed: an int or B ints; row b's randomness derives from (seed[b], row_ids[b]) only.
   verifier: 'block' (default, `block_verify`), 'token' (`verify`) or a function.
+  prompt_width: pad the prompts to at least this width (`prepare_prompts`).
   draft_config: a ModelConfig (independent or feature draft), an `ngram.NgramDraft`
   (draft_params None) or an `ngram.HybridDraft` (draft_params its feature draft's).
   """
@@ -634,7 +644,7 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                           gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
                           seed=seed, row_ids=row_ids, eos_id=eos_id, pad_id=pad_id,
                           vocab_size=vocab_size, verifier=verifier, gamma_max=gamma_max,
-                          costs=costs)
+                          costs=costs, prompt_width=prompt_width)
   state = decode_loop_jit(target_params, draft_params, args.tokens, args.prompt_len,
                           args.row_keys, costs=args.costs, **args.statics)
   return _finish(state, max_new_tokens, pad_id)
@@ -643,13 +653,14 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
 def autoregressive_generate(target_params, prompts, *, target_config: ModelConfig,
                             max_new_tokens: int, sampling: SamplingConfig | None = None, seed=0,
                             row_ids=None, eos_id: int | None = None, pad_id: int = 0,
-                            vocab_size: int | None = None) -> GenerationResult:
+                            vocab_size: int | None = None,
+                            prompt_width: int | None = None) -> GenerationResult:
   """Plain sampling with the same warp, cache, loop and key roots as the speculative one."""
   _check_params(target_params, target_config, "target")
   args = prepare_generate(prompts, target_config=target_config, draft_config=None, gamma=0,
                           max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                           row_ids=row_ids, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size,
-                          verifier=None)
+                          verifier=None, prompt_width=prompt_width)
   state = decode_loop_jit(target_params, None, args.tokens, args.prompt_len, args.row_keys,
                           **args.statics)
   return _finish(state, max_new_tokens, pad_id)

@@ -278,3 +278,18 @@ def test_params_config_mismatch_raises(tiny_pair):
   with pytest.raises(ValueError, match="draft params do not match"):
     speculative_generate(tp, tp, PROMPTS, target_config=target, draft_config=draft, gamma=2,
                          max_new_tokens=4)
+
+
+def test_prompt_width_pads_without_changing_tokens(greedy_pair):
+  """Padding the prompts wider (one compiled loop for many prompt lengths) changes no
+  token, greedy or sampled, speculative or plain; a bad width is a clear error."""
+  target, tp, _, _ = greedy_pair
+  for sampling in (GREEDY, SamplingConfig(temperature=1.0)):
+    plain = generate(greedy_pair, sampling=sampling, seed=3)
+    padded = generate(greedy_pair, sampling=sampling, seed=3, prompt_width=12)
+    np.testing.assert_array_equal(padded.tokens, plain.tokens)
+    ar = [autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
+                                  sampling=sampling, seed=3, prompt_width=w) for w in (None, 12)]
+    np.testing.assert_array_equal(ar[1].tokens, ar[0].tokens)
+  with pytest.raises(ValueError, match="prompt_width must be an int >= 1, got 0"):
+    generate(greedy_pair, prompt_width=0)
