@@ -29,10 +29,10 @@ answer), the scaffolding nearly certain: read it as an upper bound for answers a
 
 Budget (2 CPU cores): configs/distill_feature_smollm2.py measured 1.8-2.0 s per step
 alone and 2.8-3.3 s beside a test suite, 426 s of target forward per 131k tokens. Here:
-20-40 min chat + ~13 min cache + 1800 steps (57 min alone, up to 96 min shared) + 8
-evaluations (~9 min): about 1 h 40 min alone, 2 h 40 min at worst on a shared machine
-(estimates from that recipe; the run's report.json records its own times). Re-running
-the command resumes the chat corpus, the feature cache and the checkpoints.
+20-40 min chat + ~15 min cache + 1200 steps (~38 min alone, up to 66 min shared) + 4
+evaluations (~5 min): about 1 h 20 min alone (the run's report.json records its own
+times). Re-running the command resumes the chat corpus, the feature cache and the
+checkpoints.
 
 `--config=configs/distill_feature_shipped.py:tiny` is the same pipeline at test scale on a
 random byte-level target (configs/distill_tiny.py's), about a minute.
@@ -53,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       batch_size=32, temperature=0.7, top_p=1.0, seed=0, limit=0))  # limit 0: all
   c.stdlib_max_chars = 2_000_000
   c.feature_cache_windows = 2048  # x seq_len 128 = 262,144 target tokens
-  c.steps = 1800
+  c.steps = 1200
   c.warmup = 60
   c.checkpoint_every = 50
   c.eval_every = 300

@@ -13,9 +13,10 @@ draft accepted). A step with γ_b = 0 proposes nothing, but its draft still comp
 q_1 and the target call gives p_1, so β_1 is observed too: the estimate stays alive
 while the row decodes plainly (a prompt lookup without a match observes nothing).
 Each step row b takes
-  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / (γ c + v(γ+1)),   E(α, γ) = Σ_{j=0..γ} α^j
-(Leviathan et al. §3 with the measured v of REFERENCE.md §2; ties go to the smaller γ;
-γ = 0 scores 1, a plain target step). The choice depends only on the row's past, so
+  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / (max(γ, 1) c + v(γ+1)),   E(α, γ) = Σ_{j=0..γ} α^j
+(Leviathan et al. §3 with the measured v of REFERENCE.md §2; ties go to the smaller γ).
+A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so it costs 1 + c, not
+1: the draft's first call is paid whatever γ. The choice depends only on the row's past, so
 the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
 """
 
@@ -79,14 +80,14 @@ class CostTable:
 
 
 def choose_gamma(alpha: Array, costs: Array) -> Array:
-  """int32 [B]: γ_b maximising E(α̂_b, γ) / (γ c + v(γ+1)) over 0..G.
+  """int32 [B]: γ_b maximising E(α̂_b, γ) / (max(γ, 1) c + v(γ+1)) over 0..G.
 
   alpha float [B] (α̂); costs float32 [G+2] = (c, v(1..G+1)) (`CostTable.as_array`).
   """
   c, v = costs[0], costs[1:]
   g = jnp.arange(v.shape[0])
   expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,K]
-  return jnp.argmax(expected / (g * c + v)[None, :], axis=1).astype(jnp.int32)
+  return jnp.argmax(expected / (jnp.maximum(g, 1) * c + v)[None, :], axis=1).astype(jnp.int32)
 
 
 def update_alpha(alpha: Array, beta: Array, observed: Array,

@@ -268,8 +268,9 @@ def test_choose_gamma_is_the_argmax_of_the_prediction():
   got = np.asarray(adaptive.choose_gamma(np.asarray(alphas, np.float32),
                                          table.as_array(4)))
   for a, g in zip(alphas, got):
-    scores = [1.0] + [studies.predicted_speedup(a, k, table.c, table.verify_costs[k])
-                      for k in range(1, 5)]
+    # A γ = 0 step runs the draft once too (q_1 for the estimate): cost 1 + c.
+    scores = [1.0 / (1.0 + table.c)] + [
+        studies.predicted_speedup(a, k, table.c, table.verify_costs[k]) for k in range(1, 5)]
     assert scores[g] >= max(scores) - 1e-5, (a, g, scores)
   assert got[0] == 0 and got[-1] == 4 and (np.diff(got) >= 0).all()
 
