@@ -3,12 +3,14 @@
 Every figure the README and docs/results.md quote is generated here from a stamped
 result file under docs/results/ (`io.machine.machine_stamp()`: CPU, ISA flags, cores,
 memory, accelerator, jax/jaxlib, git commit and dirty flag, date, command line), so a
-figure always names its command, machine and commit. Three kinds of file:
+figure always names its command, machine and commit. Five kinds of file:
 
   benchmark    scripts/benchmark.py --out: {'stamp', 'meta', 'rows': [one per γ, verifier]}
   sweep        a sweep workdir's results.json: {'meta': {'stamp', ...}, 'grid': [cells]}
   fresh_clone  scripts/measure_results.py --only=fresh_clone: {'stamp', 'runs': [make run,
                make test]}
+  prompt_set   scripts/benchmark.py --out over a prompt set (specdec_jax/results_tables.py)
+  distill_curve  scripts/distill.py's report.json: α per corpus at each evaluation
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -22,6 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+
+from specdec_jax import results_tables
+from specdec_jax.results_tables import table as _table
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS_DIR = "docs/results"  # the result JSON, relative to the repository root
@@ -37,13 +42,14 @@ class Section:
 
   anchor: str  # the HTML anchor in docs/results.md
   path: str  # relative to RESULTS_DIR
-  kind: str  # 'benchmark' | 'sweep' | 'fresh_clone'
+  kind: str  # 'benchmark' | 'sweep' | 'fresh_clone' | 'prompt_set' | 'distill_curve'
   title: str
   about: str  # one paragraph: what was measured, how to read it
   # The measuring command after `python` (scripts/measure_results.py); '{draft}' stands for
   # configs/smollm2_135m.py's draft, which sections with needs_draft measure.
   argv: tuple[str, ...] = ()
   needs_draft: bool = False
+  made_by: str = ""  # the command that writes the file, when measure_results does not
 
 
 SECTIONS = (
@@ -64,6 +70,23 @@ SECTIONS = (
             "the sweep below averages 32 windows.",
             ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
              "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_smollm2_t1.json"),
+            needs_draft=True),
+    Section("heldout", "benchmark_heldout_smollm2.json", "prompt_set",
+            "SmolLM2-135M with the default draft on the held-out prompt set, greedy",
+            "30 prompts the draft never saw (configs/prompts/heldout.json), 6 in each of "
+            "modern prose, chat instructions, code, scripture and drama; each prompt runs "
+            "alone at batch 1 with γ 'auto' chosen per step from this machine's cost table. "
+            "Speedups are interleaved in one process (compile excluded, median of repeats); "
+            "per domain and overall, the speedup is the geometric mean over prompts and α "
+            "the mean, each with its 95% Student-t interval over prompts.",
+            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
+             f"--out={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
+    Section("heldout-t1", "benchmark_heldout_smollm2_t1.json", "prompt_set",
+            "SmolLM2-135M with the default draft on the held-out prompt set, temperature 1",
+            "As above, sampling at temperature 1: one sample per prompt, so each prompt's "
+            "acceptance is noisy; the intervals over prompts say how much.",
+            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
+             "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_heldout_smollm2_t1.json"),
             needs_draft=True),
     Section("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
             "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
@@ -88,6 +111,14 @@ SECTIONS = (
             "the speed. It checks the machinery, not the speed-up.",
             ("scripts/benchmark.py", "--config=configs/tiny.py", "--gammas=1,2,3,4",
              f"--out={RESULTS_DIR}/benchmark_tiny.json")),
+    Section("distill", "distill_shipped.json", "distill_curve",
+            "The shipped feature draft: held-out α against training",
+            "Held-out α of the shipped draft at each evaluation of its training, per corpus "
+            "(and over all of them) at T = 0 and T = 1, against the target tokens it has "
+            "seen (steps x batch x sequence length). Not re-measured by `make "
+            "results-measure`: the file is the report.json of `make distill` "
+            "(configs/distill_feature_shipped.py), copied here by scripts/export_draft.py.",
+            made_by="make distill"),
 )
 
 
@@ -157,11 +188,6 @@ def stamp_lines(stamp: dict, result_path: str) -> list[str]:
 
 # --------------------------------------------------------------------------- tables
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-          + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def _num(x, fmt: str) -> str:
   return "–" if x is None else format(x, fmt)
 
@@ -218,7 +244,7 @@ def fresh_clone_table(doc: dict) -> list[str]:
 
 
 def measure_command(section: Section) -> str:
-  return f"python scripts/measure_results.py --only={section.anchor}"
+  return section.made_by or f"python scripts/measure_results.py --only={section.anchor}"
 
 
 def minutes(seconds: float) -> str:
@@ -226,13 +252,20 @@ def minutes(seconds: float) -> str:
   return f"{m} min {s} s" if m else f"{s} s"
 
 
-TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table}
+TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table,
+          "prompt_set": results_tables.prompt_set_table,
+          "distill_curve": results_tables.distill_table}
+HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
+             "distill_curve": results_tables.distill_headline}
+PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 
 # --------------------------------------------------------------------------- headlines
 
 def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
   """(figure, value) pairs the README quotes from one result file."""
+  if section.kind in HEADLINES:
+    return HEADLINES[section.kind](section.title, doc)
   if section.kind == "fresh_clone":
     return [(f"`{run['command']}` on a fresh clone",
              minutes(run["seconds"]) + (f"; printed {'; '.join(run['figures'])}"
@@ -306,19 +339,21 @@ def render_page(docs: dict[str, dict], figures: dict[str, str] | None = None) ->
 def figure_paths(docs: dict[str, dict]) -> dict[str, str]:
   """{anchor: png path relative to docs/} for the sections that get a plot."""
   return {s.anchor: f"figures/results_{s.anchor}.png" for s in SECTIONS
-          if s.anchor in docs and s.kind in ("benchmark", "sweep")}
+          if s.anchor in docs and s.kind in PLOTTED}
 
 
 def plot(section: Section, doc: dict, path: pathlib.Path) -> None:
   """Speedup (benchmark) or tokens per target call (sweep) against γ, measured and
-  predicted; a PNG without timestamps (the same JSON gives the same bytes on one
-  matplotlib version)."""
+  predicted, or α against training tokens (distill_curve); a PNG without timestamps (the
+  same JSON gives the same bytes on one matplotlib version)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(5, 3.4), dpi=100)
-  if section.kind == "benchmark":
+  if section.kind == "distill_curve":
+    results_tables.plot_distill_curve(ax, doc)
+  elif section.kind == "benchmark":
     for verifier in sorted({r["verifier"] for r in doc["rows"]}):
       rows = [r for r in doc["rows"] if r["verifier"] == verifier]
       g = [r["gamma"] for r in rows]
@@ -335,9 +370,9 @@ def plot(section: Section, doc: dict, path: pathlib.Path) -> None:
         ax.plot(g, [r["predicted_tokens_per_step"] for r in rows], "x--",
                 label=f"{name} T={t:g} (pred.)")
     ax.set_ylabel("tokens per target call")
-  gammas = sorted({r["gamma"] for r in doc.get("rows", doc.get("grid", []))})
-  ax.set_xticks(gammas)
-  ax.set_xlabel("γ")
+  if section.kind != "distill_curve":
+    ax.set_xticks(sorted({r["gamma"] for r in doc.get("rows", doc.get("grid", []))}))
+    ax.set_xlabel("γ")
   ax.set_title(section.title.replace("`", ""), fontsize=8)
   ax.legend(fontsize=7)
   fig.tight_layout()

@@ -96,3 +96,165 @@ def test_plot_bytes_depend_only_on_the_json():
     results_page.plot(section, BENCHMARK, buf)
     images.append(buf.getvalue())
   assert images[0] == images[1] and images[0].startswith(b"\x89PNG")
+
+
+# --------------------------------------------------------------------------- prompt sets
+
+def _prompt(pid, domain, speedup, alpha, **kw):
+  return dict(id=pid, domain=domain, prompt_tokens=40, prompt_width=64, tokens=64,
+              speedup=speedup, acceptance_rate=alpha, alpha=alpha, tokens_per_step=1.5,
+              gamma_histogram={"0": 3, "2": 5}, chat=False, **kw)
+
+
+def _domain(name, n, speedup, lo, hi, alpha, alpha_lo, alpha_hi):
+  return dict(domain=name, prompts=n, speedup=speedup, speedup_lo=lo, speedup_hi=hi,
+              alpha=alpha, alpha_lo=alpha_lo, alpha_hi=alpha_hi, acceptance=alpha,
+              acceptance_lo=alpha_lo, acceptance_hi=alpha_hi)
+
+
+PROMPT_SET = dict(
+    stamp=dict(STAMP, command="python scripts/benchmark.py --config=configs/heldout_smollm2.py "
+               "--out=docs/results/benchmark_heldout_smollm2.json"),
+    meta=dict(target_call_ms=30.25, c=0.056, verify_cost={"1": 1.0, "2": 1.34, "3": 1.31},
+              prompt_set="configs/prompts/heldout.json",
+              auto_cost_table=dict(gamma_max=2, c=0.084, verify_costs=[1.0, 1.38, 1.24]),
+              config=dict(target="smollm2", draft="saved:artifacts/draft", temperature=0.0,
+                          gamma="auto", gamma_max=2, verifier="block", max_new_tokens=64,
+                          seed=0, repeats=3, top_k=0, top_p=1.0, batch_size=1)),
+    rows=[dict(gamma="auto", verifier="block", c=0.056, v=None, predicted_speedup=0.95,
+               gamma_histogram={"0": 12, "2": 20, "1": 4},
+               prompts=[_prompt("prose-01", "prose", 0.9, 0.3),
+                        _prompt("prose-02", "prose", 0.8, 0.2),
+                        _prompt("code-01", "code", 0.7, 0.1),
+                        _prompt("code-02", "code", 1.2, 0.5)],
+               domains=[_domain("prose", 2, 0.85, 0.61, 1.17, 0.25, 0.0, 0.89),
+                        _domain("code", 2, 0.92, 0.31, 2.71, 0.3, 0.0, 1.0),
+                        _domain("all", 4, 0.88, 0.63, 1.23, 0.275, 0.04, 0.51)])])
+
+
+def test_prompt_set_page_shows_domains_intervals_and_the_overall_row(tmp_path):
+  root = make_root(tmp_path, {"benchmark_heldout_smollm2.json": PROMPT_SET})
+  files = results_page.expected_files(root)
+  page, readme = files[results_page.PAGE], files[results_page.README]
+  assert "temperature 0, γ auto (at most 2), verifier `block`, 64 new tokens, seed 0" in page
+  assert "prompt set `configs/prompts/heldout.json` (4 prompts" in page
+  assert "c = 0.056; verify cost v(k) = 1.00, 1.34, 1.31 for k = 1..3" in page
+  assert "| prose | 2 | 0.85x [0.61, 1.17] | 0.250 [0.000, 0.890] | 0.250 | 0.80x (prose-02) |" \
+      in page
+  assert "| code | 2 | 0.92x [0.31, 2.71] | 0.300 [0.000, 1.000] | 0.300 | 0.70x (code-01) |" \
+      in page
+  assert "| **all** | 4 | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 0.275 | 0.70x (code-01) |" \
+      in page
+  assert "Steps per γ over all prompts: γ = 0: 12, γ = 1: 4, γ = 2: 20." in page
+  assert "<details><summary>Per prompt (4)</summary>" in page
+  assert "| `code-02` | code | 40 (64) | 64 | 1.20x | 0.500 | 0.500 | 1.50 |" in page
+  assert ("0.88x [0.63, 1.23] over 4 prompts, α 0.275 [0.040, 0.510]; slowest prompt "
+          "`code-01` 0.70x") in readme
+  # the sections whose file is missing still say how to make it
+  assert "Not measured yet: `python scripts/measure_results.py --only=heldout-t1`" in page
+  assert "Not measured yet: `make distill` writes `docs/results/distill_shipped.json`" in page
+  assert "not measured yet (`make distill`)" in readme
+
+
+def test_prompt_set_without_optional_fields_renders(tmp_path):
+  """An older file: no auto cost table, prompt widths, histograms or bounds (one prompt)."""
+  doc = copy.deepcopy(PROMPT_SET)
+  del doc["meta"]["auto_cost_table"], doc["rows"][0]["gamma_histogram"]
+  for p in doc["rows"][0]["prompts"]:
+    del p["prompt_width"]
+  doc["rows"][0]["domains"][0].update(speedup_lo=float("nan"), speedup_hi=float("nan"))
+  del doc["rows"][0]["domains"][1]["alpha_lo"]
+  root = make_root(tmp_path, {"benchmark_heldout_smollm2.json": doc})
+  page = results_page.expected_files(root)[results_page.PAGE]
+  assert "| prose | 2 | 0.85x | 0.250 [0.000, 0.890] |" in page
+  assert "| code | 2 | 0.92x [0.31, 2.71] | 0.300 | 0.300 |" in page
+  assert "Steps per γ" not in page and "chose from this machine" not in page
+  assert "| `prose-01` | prose | 40 | 64 |" in page
+  doc["rows"][0]["prompts"] = []  # no per-prompt rows: no slowest prompt, no details
+  page = results_page.expected_files(make_root(tmp_path, {
+      "benchmark_heldout_smollm2.json": doc}))[results_page.PAGE]
+  assert "| **all** | 4 | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 0.275 | – |" in page
+  assert "<details>" not in page
+
+
+# --------------------------------------------------------------------------- distillation
+
+def _eval(step, scale):
+  out = dict(step=step, positions=256, alpha_t0=0.9 * scale, alpha_t1=0.6 * scale,
+             alpha_t0_d2=0.8 * scale, top1=0.9 * scale)
+  for i, corpus in enumerate(("bible", "chat")):
+    out |= {f"{corpus}/alpha_t0": (0.85 + 0.1 * i) * scale,
+            f"{corpus}/alpha_t1": (0.55 + 0.1 * i) * scale, f"{corpus}/top1": 0.5}
+  return out
+
+
+DISTILL = dict(
+    stamp=dict(STAMP, command="python scripts/distill.py "
+               "--config=configs/distill_feature_shipped.py --workdir=runs/x"),
+    config=dict(batch_size=32, seq_len=128, steps=600, eval_windows=16, loss="fkl",
+                corpora="chat:0.5,bible:0.5", target="smollm2", temperature=0.7),
+    eval_before={k: v for k, v in _eval(0, 0.1).items() if k != "step"},
+    evals=[_eval(300, 0.5), _eval(600, 1.0)], steps=600, loss="fkl", draft_kind="feature",
+    draft_params=123456, target="smollm2", temperature=0.7, training_time_s=1800.0,
+    feature_cache_s=30.0)
+
+
+def test_distill_curve_lists_every_eval_step_per_corpus_and_temperature(tmp_path):
+  root = make_root(tmp_path, {"distill_shipped.json": DISTILL})
+  files = results_page.expected_files(root)
+  page, readme = files[results_page.PAGE], files[results_page.README]
+  assert "`feature` (123,456 params)" in page and "600 steps of 32 x 128" in page
+  assert "30 min of training after 30 s building" in page
+  assert "α at T = 0 (greedy):" in page and "α at T = 1:" in page
+  assert "| step | target tokens | bible | chat | **all** |" in page
+  assert "| 0 (before) | 0 | 0.085 | 0.095 | 0.090 |" in page  # T = 0
+  assert "| 300 | 1,228,800 | 0.425 | 0.475 | 0.450 |" in page
+  assert "| 600 | 2,457,600 | 0.850 | 0.950 | 0.900 |" in page
+  assert "| 600 | 2,457,600 | 0.550 | 0.650 | 0.600 |" in page  # T = 1
+  assert "T = 0, k = 2: 0.800" in page
+  assert "![The shipped feature draft" in page
+  assert ("final held-out α at T = 0 | bible 0.850, chat 0.950, all 0.900 after 600 steps "
+          "(2,457,600 target tokens)") in readme
+
+
+def test_distill_curve_without_optional_fields_renders(tmp_path):
+  """No eval_before, config, times, depths or per-corpus figures, a missing T = 1 value."""
+  doc = dict(stamp=DISTILL["stamp"], evals=[dict(step=50, alpha_t0=0.5, alpha_t1=0.4),
+                                            dict(step=100, alpha_t0=0.7)])
+  root = make_root(tmp_path, {"distill_shipped.json": doc})
+  files = results_page.expected_files(root)
+  page, readme = files[results_page.PAGE], files[results_page.README]
+  assert "| step | target tokens | **all** |" in page
+  assert "| 50 | – | 0.500 |" in page and "| 100 | – | 0.700 |" in page
+  assert "| 100 | – | – |" in page  # T = 1 not measured at step 100
+  assert "all 0.700 after 100 steps |" in readme
+  buf = io.BytesIO()
+  section = next(s for s in results_page.SECTIONS if s.kind == "distill_curve")
+  results_page.plot(section, doc, buf)  # steps on the x axis when tokens are unknown
+  assert buf.getvalue().startswith(b"\x89PNG")
+
+
+def test_new_sections_are_stale_checked_and_plotted(tmp_path):
+  root = make_root(tmp_path, {"benchmark_heldout_smollm2.json": PROMPT_SET,
+                              "distill_shipped.json": DISTILL})
+  written = results_page.write(root, plots=True)
+  assert "docs/figures/results_distill.png" in written
+  assert (root / "docs/figures/results_distill.png").read_bytes().startswith(b"\x89PNG")
+  assert results_page.stale(root) == []
+  edited = copy.deepcopy(DISTILL)
+  edited["evals"][-1]["chat/alpha_t0"] = 0.5
+  make_root(tmp_path, {"distill_shipped.json": edited})
+  assert results_page.stale(root) == [results_page.PAGE, results_page.README]
+
+
+def test_heldout_sections_measure_the_prompt_set_config():
+  by_anchor = {s.anchor: s for s in results_page.SECTIONS}
+  anchors = [s.anchor for s in results_page.SECTIONS]
+  assert anchors.index("smollm2-t1") < anchors.index("heldout") < anchors.index("heldout-t1") \
+      < anchors.index("prompt-lookup")
+  for anchor, extra in (("heldout", ()), ("heldout-t1", ("--config.temperature=1",))):
+    s = by_anchor[anchor]
+    assert s.kind == "prompt_set" and s.needs_draft
+    assert s.argv == ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py", *extra,
+                      f"--out={results_page.RESULTS_DIR}/{s.path}")
+  assert by_anchor["distill"].argv == () and by_anchor["distill"].kind == "distill_curve"

@@ -1,0 +1,271 @@
+"""The prompt-set and distillation-curve sections of docs/results.md (`results_page`).
+
+  prompt_set     scripts/benchmark.py --config=configs/heldout_smollm2.py --out: {'stamp',
+                 'meta', 'rows': [one per γ, verifier, each with 'prompts' and 'domains']}
+  distill_curve  scripts/distill.py's workdir/report.json: {'stamp', 'config', 'eval_before',
+                 'evals': [{'step', 'alpha_t0', '<corpus>/alpha_t0', ...}], ...}
+
+Pure functions of the JSON, as the rest of the page; a missing optional field renders
+as '–' or is left out, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+ALL = "all"  # the overall row of a prompt set's domains; the unprefixed α of a report
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+  """A Markdown table."""
+  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+          + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def num(x, fmt: str) -> str:
+  """x formatted, or '–' when missing (None or NaN)."""
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "–"
+  return format(x, fmt)
+
+
+def with_interval(row: dict, name: str, fmt: str, suffix: str = "") -> str:
+  """'0.88x [0.84, 0.93]' from row[name], row[name_lo], row[name_hi] (bounds optional)."""
+  est = num(row.get(name), fmt)
+  if est == "–":
+    return est
+  lo, hi = num(row.get(f"{name}_lo"), fmt), num(row.get(f"{name}_hi"), fmt)
+  bounds = f" [{lo}, {hi}]" if "–" not in (lo, hi) else ""
+  return f"{est}{suffix}{bounds}"
+
+
+# --------------------------------------------------------------------------- prompt sets
+
+def prompt_set_settings(doc: dict) -> str:
+  """The settings line: models, sampling, γ, prompt set, the machine's c and v(k)."""
+  meta = doc["meta"]
+  config = meta.get("config", {})
+  gamma = config.get("gamma", "–")
+  if gamma == "auto" and config.get("gamma_max") is not None:
+    gamma = f"auto (at most {config['gamma_max']})"
+  prompts = len(doc["rows"][0].get("prompts", [])) if doc.get("rows") else 0
+  text = (f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '?')}`, "
+          f"temperature {num(config.get('temperature'), 'g')}, γ {gamma}, verifier "
+          f"`{config.get('verifier', '?')}`, {config.get('max_new_tokens', '?')} new tokens, "
+          f"seed {config.get('seed', '?')}, median of {config.get('repeats', '?')}; prompt set "
+          f"`{meta.get('prompt_set') or config.get('prompt_set', '?')}` ({prompts} prompts, "
+          "each alone at batch 1).")
+  if meta.get("target_call_ms") is not None:
+    text += f" One target call {meta['target_call_ms']:.2f} ms;"
+  text += f" draft cost c = {num(meta.get('c'), '.3f')}"
+  v = meta.get("verify_cost") or {}
+  if v:
+    text += ("; verify cost v(k) = " + ", ".join(f"{x:.2f}" for x in v.values())
+             + f" for k = 1..{len(v)}")
+  text += "."
+  auto = meta.get("auto_cost_table")
+  if auto:
+    text += (f" γ auto chose from this machine's cost table: c = {num(auto.get('c'), '.3f')}, "
+             "v(k) = " + ", ".join(f"{x:.2f}" for x in auto.get("verify_costs", [])) + ".")
+  return text
+
+
+def slowest(prompts: list[dict], domain: str) -> dict | None:
+  """The prompt of `domain` (every prompt for 'all') with the lowest speedup, or None."""
+  chosen = [p for p in prompts if domain == ALL or p.get("domain") == domain]
+  chosen = [p for p in chosen if num(p.get("speedup"), "g") != "–"]
+  return min(chosen, key=lambda p: p["speedup"]) if chosen else None
+
+
+def _slowest_cell(prompts: list[dict], domain: str) -> str:
+  p = slowest(prompts, domain)
+  return "–" if p is None else f"{p['speedup']:.2f}x ({p.get('id', '?')})"
+
+
+def histogram_line(histogram: dict | None) -> str | None:
+  """'Steps per γ over all prompts: γ = 0: 1100, ...', or None without a histogram."""
+  if not histogram:
+    return None
+  steps = sorted(histogram.items(), key=lambda kv: int(kv[0]))
+  return ("Steps per γ over all prompts: "
+          + ", ".join(f"γ = {g}: {n}" for g, n in steps) + ".")
+
+
+def per_prompt_table(prompts: list[dict]) -> list[str]:
+  """Every prompt, collapsed (a <details> block)."""
+  rows = []
+  for p in prompts:
+    width = f" ({p['prompt_width']})" if p.get("prompt_width") is not None else ""
+    domain = p.get("domain", "?") + (" (chat)" if p.get("chat") else "")
+    rows.append([f"`{p.get('id', '?')}`", domain, f"{p.get('prompt_tokens', '?')}{width}",
+                 str(p.get("tokens", "–")), with_interval(p, "speedup", ".2f", "x"),
+                 num(p.get("acceptance_rate"), ".3f"),
+                 num(p.get("alpha"), ".3f"), num(p.get("tokens_per_step"), ".2f")])
+  return ([f"<details><summary>Per prompt ({len(prompts)})</summary>", ""]
+          + table(["prompt", "domain", "prompt tokens (padded)", "new tokens", "speedup",
+                   "accept", "α", "tokens/step"], rows) + ["", "</details>"])
+
+
+def prompt_set_table(doc: dict) -> list[str]:
+  """Settings, then per γ and verifier: the per-domain table, the γ histogram, every prompt."""
+  lines = [prompt_set_settings(doc)]
+  for r in doc["rows"]:
+    prompts = r.get("prompts", [])
+    lines += ["", f"γ {r.get('gamma', '?')}, verifier `{r.get('verifier', '?')}`; predicted "
+              f"speedup {num(r.get('predicted_speedup'), '.2f')}x.", ""]
+    rows = []
+    for d in r.get("domains", []):
+      name = d.get("domain", "?")
+      rows.append([f"**{name}**" if name == ALL else name, str(d.get("prompts", "–")),
+                   with_interval(d, "speedup", ".2f", "x"), with_interval(d, "alpha", ".3f"),
+                   num(d.get("acceptance"), ".3f"), _slowest_cell(prompts, name)])
+    lines += table(["domain", "prompts", "speedup (geo. mean, 95%)", "α (mean, 95%)",
+                    "accept", "slowest prompt"], rows)
+    hist = histogram_line(r.get("gamma_histogram"))
+    lines += ["", hist] if hist else []
+    lines += ["", *per_prompt_table(prompts)] if prompts else []
+  return lines
+
+
+def prompt_set_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """Per γ and verifier: the overall speedup and α with intervals, and the slowest prompt."""
+  out = []
+  for r in doc["rows"]:
+    overall = next((d for d in r.get("domains", []) if d.get("domain") == ALL), None)
+    if overall is None and r.get("domains"):
+      overall = r["domains"][-1]
+    value = "no prompts"
+    if overall is not None:
+      value = (f"{with_interval(overall, 'speedup', '.2f', 'x')} over "
+               f"{overall.get('prompts', '?')} prompts, "
+               f"α {with_interval(overall, 'alpha', '.3f')}")
+      worst = slowest(r.get("prompts", []), ALL)
+      if worst is not None:
+        value += f"; slowest prompt `{worst.get('id', '?')}` {worst['speedup']:.2f}x"
+    figure = f"{title}: speedup over autoregressive (geometric mean, 95%)"
+    if len(doc["rows"]) > 1:
+      figure += f" at γ = {r.get('gamma', '?')} ({r.get('verifier', '?')})"
+    out.append((figure, value))
+  return out
+
+
+# --------------------------------------------------------------------------- distillation
+
+ALPHA_KEY = re.compile(r"^(?:(?P<corpus>[^/]+)/)?alpha_t(?P<t>[0-9.]+)$")
+
+
+def distill_points(doc: dict) -> list[dict]:
+  """[{step, tokens (or None), alpha: {(corpus, T): α}}]: before training (step 0, from
+  eval_before) and every evaluation; corpus 'all' = the unprefixed mean."""
+  config = doc.get("config", {})
+  per_step = (config["batch_size"] * config["seq_len"]
+              if config.get("batch_size") and config.get("seq_len") else None)
+  evals = ([{"step": 0, **doc["eval_before"]}] if doc.get("eval_before") else [])
+  evals += doc.get("evals", [])
+  points = []
+  for e in evals:
+    alpha = {}
+    for k, v in e.items():
+      m = ALPHA_KEY.match(k)
+      if m and v is not None:
+        alpha[(m["corpus"] or ALL, float(m["t"]))] = v
+    points.append(dict(step=int(e.get("step", 0)), alpha=alpha,
+                       tokens=None if per_step is None else int(e.get("step", 0)) * per_step))
+  return points
+
+
+def curve_axes(points: list[dict]) -> tuple[list[str], list[float]]:
+  """(corpora in order of first appearance, 'all' last; temperatures ascending)."""
+  corpora = list(dict.fromkeys(c for p in points for c, _ in p["alpha"] if c != ALL))
+  if any(c == ALL for p in points for c, _ in p["alpha"]):
+    corpora.append(ALL)
+  temps = sorted({t for p in points for _, t in p["alpha"]})
+  return corpora, temps
+
+
+def _duration(seconds: float) -> str:
+  return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _tokens(n: int | None) -> str:
+  return "–" if n is None else f"{n:,}"
+
+
+def distill_settings(doc: dict) -> str:
+  """What was trained, on what, for how long."""
+  config = doc.get("config", {})
+  text = (f"Draft kind `{doc.get('draft_kind', '?')}` ({num(doc.get('draft_params'), ',')} "
+          f"params), loss `{doc.get('loss', config.get('loss', '?'))}` at training temperature "
+          f"{num(doc.get('temperature', config.get('temperature')), 'g')}, target "
+          f"`{doc.get('target', config.get('target', '?'))}`; {doc.get('steps', '?')} steps of "
+          f"{config.get('batch_size', '?')} x {config.get('seq_len', '?')} target tokens")
+  if config.get("corpora"):
+    text += f" from `{config['corpora']}`"
+  if doc.get("training_time_s") is not None:
+    text += f"; {_duration(doc['training_time_s'])} of training"
+    if doc.get("feature_cache_s"):
+      text += f" after {_duration(doc['feature_cache_s'])} building the target-output cache"
+  text += (f". Held-out α = mean Σ min(p, q) over {config.get('eval_windows', '?')} windows per "
+           "corpus at the first drafted position; step 0 is before training.")
+  return text
+
+
+def depth_line(points: list[dict], doc: dict) -> str | None:
+  """α at deeper drafted positions at the last evaluation ('all'), if the report has them."""
+  if not doc.get("evals"):
+    return None
+  last = doc["evals"][-1]
+  found = sorted((float(m[1]), int(m[2]), v) for k, v in last.items()
+                 if (m := re.match(r"^alpha_t([0-9.]+)_d(\d+)$", k)) and v is not None)
+  if not found:
+    return None
+  return ("At the last evaluation, α over all corpora at drafted depth k: "
+          + "; ".join(f"T = {t:g}, k = {k}: {v:.3f}" for t, k, v in found) + ".")
+
+
+def distill_table(doc: dict) -> list[str]:
+  """Settings, then one table per temperature: α per corpus against steps and tokens."""
+  points = distill_points(doc)
+  corpora, temps = curve_axes(points)
+  lines = [distill_settings(doc)]
+  for t in temps:
+    rows = [[f"{p['step']}" + (" (before)" if p["step"] == 0 else ""), _tokens(p["tokens"])]
+            + [num(p["alpha"].get((c, t)), ".3f") for c in corpora] for p in points]
+    lines += ["", f"α at T = {t:g}{' (greedy)' if t == 0 else ''}:", ""]
+    lines += table(["step", "target tokens"] + [f"**{c}**" if c == ALL else c for c in corpora],
+                   rows)
+  depth = depth_line(points, doc)
+  lines += ["", depth] if depth else []
+  return lines
+
+
+def distill_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """The final α per corpus at T = 0 (the lowest temperature the report has)."""
+  points = [p for p in distill_points(doc) if p["alpha"]]
+  if not points:
+    return [(title, "no evaluation")]
+  corpora, temps = curve_axes(points)
+  last, t = points[-1], temps[0]
+  value = ", ".join(f"{c} {num(last['alpha'].get((c, t)), '.3f')}" for c in corpora)
+  value += f" after {last['step']} steps"
+  value += f" ({_tokens(last['tokens'])} target tokens)" if last["tokens"] is not None else ""
+  return [(f"{title}: final held-out α at T = {t:g}", value)]
+
+
+def plot_distill_curve(ax, doc: dict) -> None:
+  """α against training tokens (steps without the config), one line per corpus and T."""
+  points = distill_points(doc)
+  corpora, temps = curve_axes(points)
+  shown = [c for c in corpora if c != ALL] or corpora
+  use_tokens = all(p["tokens"] is not None for p in points)
+  colours = {c: f"C{i}" for i, c in enumerate(shown)}
+  for c in shown:
+    for j, t in enumerate(temps):
+      xy = [(p["tokens"] if use_tokens else p["step"], p["alpha"][(c, t)])
+            for p in points if (c, t) in p["alpha"]]
+      if xy:
+        ax.plot(*zip(*xy), "o-" if j == 0 else "x--", color=colours[c], label=f"{c} T={t:g}")
+  ax.set_xlabel("target tokens seen in training" if use_tokens else "training step")
+  ax.set_ylabel("held-out α")
+  ax.set_ylim(0, 1)
