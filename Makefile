@@ -42,7 +42,7 @@ distill: $(STAMP)
 	nice -n 19 $(PY) scripts/distill.py --config=configs/distill_feature_shipped.py \
 		--workdir=$(DISTILL_WORKDIR)
 	$(PY) scripts/export_draft.py --workdir=$(DISTILL_WORKDIR) --out=$(SHIPPED_DRAFT) \
-		--command="make distill"
+		--command="make distill" --report_out=docs/results/distill_shipped.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache

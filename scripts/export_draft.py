@@ -18,7 +18,8 @@ sha256 (checked on load):
   extra.alpha_curve         every evaluation of the run (step, α per set/T/depth)
 
 Refuses (exit 2) a draft whose float16 files exceed --max_mb, and reloads the export to
-check it restores.
+check it restores. --report_out also copies the run's report.json (for `make distill`:
+docs/results/distill_shipped.json, the results page's α-vs-training curve).
 """
 
 import hashlib
@@ -31,12 +32,16 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 
 from specdec_jax.io import checkpoint as ckpt_lib
+from specdec_jax.io.atomic import atomic_write_json
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A scripts/distill.py workdir.")
 _OUT = flags.DEFINE_string("out", None, "The directory to write (replaced if it exists).")
 _MAX_MB = flags.DEFINE_float("max_mb", 25.0, "Largest allowed size of the params files.")
 _COMMAND = flags.DEFINE_string("command", "", "The training command to record (default: "
                                "the commands the run recorded).")
+_REPORT_OUT = flags.DEFINE_string("report_out", "", "Also copy the run's report.json here "
+                                  "(docs/results/distill_shipped.json: the results page's "
+                                  "α-vs-training curve).")
 flags.mark_flags_as_required(["workdir", "out"])
 
 _ALPHA = re.compile(r"^(?:(?P<set>[\w.-]+)/)?alpha_t(?P<t>[0-9.]+)(?:_d(?P<d>\d+))?$")
@@ -105,6 +110,8 @@ def main(argv):
   ckpt_lib.load_params(tmp, tokenizer_identity=meta["tokenizer"])  # it restores
   shutil.rmtree(out, ignore_errors=True)
   tmp.rename(out)
+  if _REPORT_OUT.value:
+    atomic_write_json(_REPORT_OUT.value, report)
   print(json.dumps({"out": str(out), "size_mb": round(size_mb, 2),
                     "heldout_alpha": extra["heldout_alpha"].get("all")}, indent=1))
 

@@ -44,6 +44,11 @@ def sections(names):
   unknown = [n for n in names if n not in known]
   if unknown:
     raise ValueError(f"unknown section(s) {unknown}; known: {sorted(known)}")
+  made_elsewhere = [n for n in names if not known[n].argv and n != "fresh-clone"]
+  if made_elsewhere:
+    raise ValueError(f"section(s) {made_elsewhere} are not measured here: "
+                     + "; ".join(f"{n}: {known[n].made_by or 'see its section'}"
+                                 for n in made_elsewhere))
   return [known[n] for n in names]
 
 
