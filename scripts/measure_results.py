@@ -9,7 +9,7 @@ Each section of `specdec_jax.results_page.SECTIONS` names its command; this scri
 them one after another (each a subprocess, so each stamps its own command line) and prints
 the wall time of each. Timings are only worth committing from a machine with nothing else
 running. The SmolLM2 sections measure the draft of configs/smollm2_135m.py, which
-`make run` distils on first use (about 10 minutes on a 2-core CPU).
+is shipped in drafts/ (`make distill` trains it again).
 
 Expected on a 2-core CPU: tiny ~1 min; each SmolLM2 benchmark 2-4 min; the sweep
 (acceptance only, 32 windows, γ = 1..4, T = 0 and 1) 5-10 min; fresh-clone (a `git clone`
@@ -53,7 +53,7 @@ def sections(names):
 
 
 def default_draft() -> str:
-  """The draft of configs/smollm2_135m.py (what `make run` makes and the page measures)."""
+  """The draft of configs/smollm2_135m.py (what `make run` uses and the page measures)."""
   from configs import smollm2_135m
   return smollm2_135m.get_config().draft
 
@@ -63,8 +63,8 @@ def check_draft(draft: str, root: pathlib.Path) -> None:
   if draft.startswith("saved:"):
     path = root / draft[len("saved:"):]
     if not (path / "model.json").exists():
-      raise ValueError(f"draft {draft!r} does not exist: run `make run` first (it distils "
-                       "the draft the SmolLM2 sections measure)")
+      raise ValueError(f"draft {draft!r} does not exist: the SmolLM2 sections measure it "
+                       "(the shipped one is restored by `git checkout -- drafts/`)")
 
 
 def run_script(section, root: pathlib.Path, draft: str) -> float:

