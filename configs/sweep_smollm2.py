@@ -8,9 +8,10 @@ Shakespeare plays: the split of distillation), each continued for 48 tokens, for
 γ = 1..4 at T = 0 and 1. All 32 rows run as one batch (a row's tokens do not depend on
 its batch: tests/test_speculative.py), so acceptance is per window and the sweep
 prints α with the half-width of its 95% interval over the windows; `repeats = 0` times
-nothing (batch-1 speed-ups come from scripts/benchmark.py). The drafts are made by
-`make run` (the feature draft) and by scripts/distill.py; drop one from c.drafts if it
-is missing. docs/results.md gives the measured table (`python scripts/measure_results.py
+nothing (batch-1 speed-ups come from scripts/benchmark.py). The feature draft is the
+shipped one (drafts/, `make distill`); the independent one is made by
+`python scripts/run.py --config.draft=saved:artifacts/smollm2_draft
+--distill_config=configs/distill_make_run.py`; drop one from c.drafts if it is missing. docs/results.md gives the measured table (`python scripts/measure_results.py
 --only=sweep` measures it again).
 """
 
@@ -23,7 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.tokenizer = "smollm2"
   c.target = "smollm2"
   c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
-  c.drafts = (("feature", "saved:artifacts/smollm2_feature_draft"),
+  c.drafts = (("feature", "saved:drafts/smollm2_feature_v1"),
               ("model", "saved:artifacts/smollm2_draft"))
   c.draft_model = ml_collections.ConfigDict(dict(  # dims of a 'random' draft
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,

@@ -110,8 +110,9 @@ def main(argv):
   ckpt_lib.load_params(tmp, tokenizer_identity=meta["tokenizer"])  # it restores
   shutil.rmtree(out, ignore_errors=True)
   tmp.rename(out)
-  if _REPORT_OUT.value:
-    atomic_write_json(_REPORT_OUT.value, report)
+  if _REPORT_OUT.value:  # paths relative to the repository: the copy is committed
+    root = str(pathlib.Path(_bootstrap.ROOT).resolve()) + "/"
+    atomic_write_json(_REPORT_OUT.value, json.loads(json.dumps(report).replace(root, "")))
   print(json.dumps({"out": str(out), "size_mb": round(size_mb, 2),
                     "heldout_alpha": extra["heldout_alpha"].get("all")}, indent=1))
 
