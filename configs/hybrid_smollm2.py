@@ -4,18 +4,18 @@ draft elsewhere (`ngram.HybridDraft`).
   PYTHONPATH=. .venv/bin/python scripts/generate.py --config=configs/hybrid_smollm2.py \
       --prompt "Tell me about Paris."
   PYTHONPATH=. .venv/bin/python scripts/benchmark.py --config=configs/hybrid_smollm2.py
-  # hybrid, lookup and the default (feature) draft on the held-out prompt set, one
+  # hybrid (the default), lookup and the feature draft alone on the held-out prompt set, one
   # after the other, on an otherwise idle machine (γ and T as configs/smollm2_135m.py):
   for d in hybrid:3 ngram:3; do
     PYTHONPATH=. .venv/bin/python scripts/benchmark.py --config=configs/heldout_smollm2.py \
         --config.draft=$d --out=runs/heldout_${d%:*}.json; done
   PYTHONPATH=. .venv/bin/python scripts/benchmark.py --config=configs/heldout_smollm2.py \
-      --out=runs/heldout_feature.json
+      --config.draft=saved:drafts/smollm2_feature_v1 --out=runs/heldout_feature.json
 
 'hybrid:3': per row and step, where the last 3 tokens occurred earlier in the row
 (prompt or generated text), the draft proposes what followed them, q one-hot; every
 other row proposes the feature draft's tokens with its own q. The feature draft is
-config.feature_draft (here the default draft of configs/smollm2_135m.py). Why 3 and
+config.feature_draft (the shipped one, drafts/smollm2_feature_v1). Why 3 and
 not 1 or 2: a match of one or two BPE tokens (", and", " of the") recurs by chance in
 ordinary prose and would replace the feature draft's proposal with a near-arbitrary
 continuation; three tokens recur mostly where the text really repeats (refrains,

@@ -55,7 +55,8 @@ def sections(names):
 def default_draft() -> str:
   """The draft of configs/smollm2_135m.py (what `make run` uses and the page measures)."""
   from configs import smollm2_135m
-  return smollm2_135m.get_config().draft
+  config = smollm2_135m.get_config()  # a hybrid's feature draft: what the sweep can load
+  return config.feature_draft if config.draft.startswith("hybrid:") else config.draft
 
 
 def check_draft(draft: str, root: pathlib.Path) -> None:

@@ -58,7 +58,7 @@ SECTIONS = (
             "Wall time of each command on a fresh clone of the commit, installation included, "
             "and what it printed."),
     Section("smollm2", "benchmark_smollm2.json", "benchmark",
-            "SmolLM2-135M with the config's feature draft at fixed γ, greedy",
+            "SmolLM2-135M with the config's draft at fixed γ, greedy",
             "Speculative against autoregressive decoding on the config's first prompt (batch "
             "1), 64 new tokens, at each fixed γ; the settings line names the draft. The "
             "ratios are interleaved in one process (compile excluded, median of repeats). α "
@@ -66,7 +66,7 @@ SECTIONS = (
             ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
              f"--out={RESULTS_DIR}/benchmark_smollm2.json"), needs_draft=True),
     Section("smollm2-t1", "benchmark_smollm2_t1.json", "benchmark",
-            "SmolLM2-135M with the config's feature draft at fixed γ, temperature 1",
+            "SmolLM2-135M with the config's draft at fixed γ, temperature 1",
             "As above, sampling at temperature 1: one sample per cell, so acceptance is noisy; "
             "the sweep below averages 32 windows.",
             ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
