@@ -235,10 +235,15 @@ def sweep_table(doc: dict) -> list[str]:
   return lines + _table(header, rows)
 
 
+def printed_figures(run: dict) -> str:
+  """What a command printed, joined for a table cell (its ' | ' separators as ', ')."""
+  return "; ".join(f.replace(" | ", ", ") for f in run.get("figures", []))
+
+
 def fresh_clone_table(doc: dict) -> list[str]:
   rows = []
   for run in doc["runs"]:
-    printed = "; ".join(run.get("figures", [])) or "–"
+    printed = printed_figures(run) or "–"
     rows.append([f"`{run['command']}`", minutes(run["seconds"]), str(run["returncode"]),
                  printed])
   return _table(["command", "wall time", "exit status", "printed"], rows)
@@ -269,7 +274,7 @@ def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
     return HEADLINES[section.kind](section.title, doc)
   if section.kind == "fresh_clone":
     return [(f"`{run['command']}` on a fresh clone",
-             minutes(run["seconds"]) + (f"; printed {'; '.join(run['figures'])}"
+             minutes(run["seconds"]) + (f"; printed {printed_figures(run)}"
                                         if run.get("figures") else ""))
             for run in doc["runs"]]
   if section.kind == "benchmark":
