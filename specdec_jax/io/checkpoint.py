@@ -245,6 +245,9 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(directory / "params", params, force=True)
     ckptr.wait_until_finished()
+  marker = directory / "params" / "commit_success.txt"  # orbax writes the absolute path
+  if marker.exists():  # there; a saved draft is committed, so it names no machine's path
+    marker.write_text("Checkpoint commit was successful.")
   meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
           "params_sha256": params_checksum(params), "extra": dict(extra or {})}
   if params_dtype is not None:
