@@ -258,7 +258,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         costs: Array | None = None, width: int | None = None) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted.
 
-  costs: float32 [G+2] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
+  costs: float32 [G+1] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
   None for a fixed γ. width: the call width this step takes, when the caller has chosen
   it (`decode_loop`: the width `adaptive.width_index` picks from this state); None picks
   it here, a `lax.switch` over `step_widths` where there are several.
@@ -469,13 +469,16 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
                 target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
                 sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                 max_new_tokens: int, verifier: Verifier = block_verify,
-                axis_name: str | None = None, mesh=None, costs=None) -> DecodeState:
+                axis_name: str | None = None, mesh=None, costs=None,
+                tree=None, tree_rule: str = "sampled") -> DecodeState:
   """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive.
 
   axis_name: the pmap axis (`parallel.pmap_generate`); mesh: the device mesh of sharded
-  inputs (`parallel.mesh_generate`). Neither changes a token. costs: float32 [G+2]
+  inputs (`parallel.mesh_generate`). Neither changes a token. costs: float32 [G+1]
   (`adaptive.CostTable.as_array`, a traced input: any table, one compiled loop) for
   gamma='auto' with γ_max = gamma; None for a fixed γ.
+  tree: a `TreeShape` (static): every step is `tree_decode.tree_step_fn` with rule
+  tree_rule ('sampled' | 'topk'), one width N+1; gamma must be >= N (state widths).
   """
   state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
                      target_config=target_config, draft_config=draft_config,
@@ -486,6 +489,11 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
                 eos_id=eos_id, max_new_tokens=max_new_tokens)
   if draft_config is None:
     body = functools.partial(autoregressive_step_fn, target_params, **common)
+  elif tree is not None:
+    from specdec_jax import tree_decode  # it imports this module
+    body = functools.partial(tree_decode.tree_step_fn, target_params, draft_params,
+                             draft_config=draft_config, shape=tree, rule=tree_rule, **common)
+    costs = None  # one width
   else:
     body = functools.partial(speculative_step_fn, target_params, draft_params,
                              draft_config=draft_config, gamma=gamma, verifier=verifier,
@@ -494,7 +502,8 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
   def cond(s):
     return _any_live(s, axis_name) & (s.step < max_new_tokens)
 
-  widths = () if draft_config is None else step_widths(draft_config, gamma, costs)
+  widths = () if draft_config is None or tree is not None else step_widths(
+      draft_config, gamma, costs)
   if len(widths) <= 1:
     return jax.lax.while_loop(cond, body, state)
 
@@ -515,7 +524,7 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
 
 
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
-                 "max_new_tokens", "verifier", "axis_name", "mesh")
+                 "max_new_tokens", "verifier", "axis_name", "mesh", "tree", "tree_rule")
 decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
 
 
@@ -528,7 +537,7 @@ class GenerateArgs:
   row_keys: np.ndarray
   statics: dict[str, Any]
   pad_id: int
-  costs: np.ndarray | None = None  # float32 [G+2] for gamma='auto' (`decode_loop`)
+  costs: np.ndarray | None = None  # float32 [G+1] for gamma='auto' (`decode_loop`)
 
 
 def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: DraftConfig | None,
@@ -536,13 +545,23 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
                      seed, row_ids, eos_id: int | None, pad_id: int, vocab_size: int | None,
                      verifier: Verifier | None, gamma_max: int | None = None,
                      costs: adaptive.CostTable | None = None,
-                     prompt_width: int | None = None) -> GenerateArgs:
+                     prompt_width: int | None = None, tree=None,
+                     tree_rule: str = "sampled") -> GenerateArgs:
   """Checks every argument and raises ValueError naming the offending one.
 
   gamma='auto' (with a draft) takes gamma_max (default `adaptive.DEFAULT_GAMMA_MAX`) and
-  a cost table; the statics then hold gamma = γ_max.
+  a cost table; the statics then hold gamma = γ_max. A tree (`TreeShape`) replaces gamma
+  by its N nodes (the state's widths, `tree_decode`); gamma='auto' with a tree is an error.
   """
   cost_array = None
+  if tree is not None:
+    from specdec_jax import tree_decode  # it imports this module
+    if gamma == "auto":
+      raise ValueError(f"gamma='auto' cannot be combined with a token tree (tree={tree!r}); "
+                       f"a tree drafts its fixed N nodes every step")
+    tree_decode.check_tree(tree, tree_rule, draft_config,
+                           target_config.vocab_size if vocab_size is None else vocab_size)
+    gamma = tree.num_nodes
   if gamma == "auto" and draft_config is not None:
     gamma = adaptive.DEFAULT_GAMMA_MAX if gamma_max is None else gamma_max
     _check_positive_int("gamma_max", gamma)
@@ -580,6 +599,8 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
   statics = dict(target_config=target_config, draft_config=draft_config, gamma=g,
                  sampling=sampling, vocab_size=vocab, eos_id=eos_id,
                  max_new_tokens=max_new_tokens, verifier=resolve_verifier(verifier))
+  if tree is not None:
+    statics.update(tree=tree, tree_rule=tree_rule)
   return GenerateArgs(tokens, prompt_len, _row_keys(seed, row_ids), statics, pad_id,
                       cost_array)
 
@@ -625,7 +646,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                          vocab_size: int | None = None,
                          verifier: Verifier | str | None = None, gamma_max: int | None = None,
                          costs: adaptive.CostTable | None = None,
-                         prompt_width: int | None = None) -> GenerationResult:
+                         prompt_width: int | None = None, tree=None,
+                         tree_rule: str = "sampled") -> GenerationResult:
   """Speculative sampling of up to max_new_tokens per prompt, one jitted while_loop.
 
   gamma: drafts per step, or 'auto': each row and step picks 0..gamma_max from its
@@ -637,6 +659,9 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   prompt_width: pad the prompts to at least this width (`prepare_prompts`).
   draft_config: a ModelConfig (independent or feature draft), an `ngram.NgramDraft`
   (draft_params None) or an `ngram.HybridDraft` (draft_params its feature draft's).
+  tree: a `tree_shapes.TreeShape` drafts a token tree each step (`tree_decode`; an
+  independent or feature draft; gamma is then ignored, 'auto' refused); tree_rule
+  'sampled' (SpecInfer, i.i.d. children) or 'topk' (the draft's top-k children).
   """
   _check_params(target_params, target_config, "target")
   _check_params(draft_params, draft_config, "draft")
@@ -644,7 +669,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                           gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
                           seed=seed, row_ids=row_ids, eos_id=eos_id, pad_id=pad_id,
                           vocab_size=vocab_size, verifier=verifier, gamma_max=gamma_max,
-                          costs=costs, prompt_width=prompt_width)
+                          costs=costs, prompt_width=prompt_width, tree=tree,
+                          tree_rule=tree_rule)
   state = decode_loop_jit(target_params, draft_params, args.tokens, args.prompt_len,
                           args.row_keys, costs=args.costs, **args.statics)
   return _finish(state, max_new_tokens, pad_id)

@@ -1,0 +1,235 @@
+"""Token trees in the jitted decode loop: one tree step per loop iteration.
+
+Letters: B batch, N drafted nodes, D max depth, V vocabulary, S cache slots,
+F target feature width (a feature draft's fused layers), K most children of a position.
+Node / position numbering as in `tree_shapes` (position 0 = the root = the pending
+token, position i + 1 = node i).
+
+A tree step for row b (length ℓ = num_tokens[b]-1, pending token t at position ℓ) keeps
+the loop's decode-state invariant (`speculative`'s module docstring) and its caches:
+  1. draft the tree level by level (nodes numbered level by level, depths non-decreasing):
+     one draft call per depth over all nodes of that depth. Node i is written at draft
+     slot ℓ+1+i, at position ℓ+depth(i), and attends the prefix slots <= ℓ and its own
+     ancestors' slots (`tree_mask`). The children of a position are drawn per rule:
+       'sampled': k children i.i.d. from q at that position (node i uses draft_keys[i]);
+       'topk':    the k most likely tokens of the draft's logits there (deterministic;
+                  at T=0 a greedy draft's top-k, not k copies of its argmax).
+     An independent draft (kind 'model') gets the root's q by feeding t at ℓ; a feature
+     draft (kind 'feature') by the re-read of `drafting.draft_feature` (positions ℓ_d..ℓ,
+     true target features), and each node's call takes as context the draft's hidden
+     state at its parent's position (the chain's scan, gathered per node).
+  2. one target call over [t, nodes 0..N-1] at slots ℓ..ℓ+N, positions ℓ + [0, depths],
+     tree attention -> p_at [B,N+1,V] after the chain's warp (and the target's features);
+  3. `tree_verify.tree_verify(shape, nodes, q_at, p_at, verify_keys, rule=...)` -> the
+     accepted path (n nodes) and y; the row emits the path's tokens then y (`_emit`);
+  4. the accepted path's K/V move to contiguous slots (node at depth d: slot ℓ+1+i ->
+     slot ℓ+d) in the target cache and an independent draft's cache; lengths become the
+     new num_tokens-1. A feature draft instead takes the target's features at the root
+     and the path as `features` and ℓ_d = ℓ+1, so the next re-read covers the accepted
+     tokens exactly as after a chain step.
+Records: accepted[b, s] = n, gammas[b, s] = D for live rows (-1 idle); accept_prob stays
+zeros (β of a tree position is not defined by one q and one p).
+
+State widths. The state is `speculative.init_state`'s with gamma = N (`prepare_generate`
+does this for a tree): features then hold N+1 >= D+1 positions and the caches N slots
+beyond the emitted tokens, room for the N+1 tokens of the target call at ℓ <= P+M-1.
+
+Keys: the chain's roots (`speculative._step_keys`): draft_key, verify_key = split(step
+key); node i is drawn with split(draft_key, N)[i] (the chain's draft_keys for a chain
+shape); verify_key is `tree_verify`'s row key. At T=0 a chain shape with rule 'sampled'
+gives exactly the chain's tokens (verifier='token', same γ); at T>0 the verifier's key
+use differs from `verify`'s, so the two agree in law, not token for token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax.drafting import feature_part, pending_tokens, with_length
+from specdec_jax.model import ModelConfig, forward
+from specdec_jax.sampling import SamplingConfig, sample
+from specdec_jax.tree_shapes import TreeShape
+from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verify
+
+Array = jax.Array
+TREE_DRAFT_KINDS = ("model", "feature")
+
+
+def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
+  """Raises ValueError naming the value if the loop cannot run this tree."""
+  if not isinstance(shape, TreeShape):
+    raise ValueError(f"tree must be a TreeShape (tree_shapes), got {type(shape).__name__}")
+  if any(b < a for a, b in zip(shape.depths, shape.depths[1:])):
+    raise ValueError(f"tree nodes must be numbered level by level (depths non-decreasing), "
+                     f"got depths {shape.depths} for parents {shape.parents}")
+  if rule not in TREE_VERIFIERS:
+    raise ValueError(f"tree_rule must be one of {sorted(TREE_VERIFIERS)}, got {rule!r}")
+  kind = getattr(draft_config, "kind", None)
+  if kind not in TREE_DRAFT_KINDS:
+    raise ValueError(f"a token tree needs an independent or feature draft (kind in "
+                     f"{TREE_DRAFT_KINDS}), got a draft of kind {kind!r}")
+  widest = shape.children_table().shape[1]
+  if rule == "topk" and widest > vocab_size:
+    raise ValueError(f"rule 'topk' needs at most vocab_size={vocab_size} children per "
+                     f"position, the tree has {widest}")
+
+
+def levels(shape: TreeShape) -> tuple:
+  """Per depth 1..D: (first node, end) of that depth's contiguous node range."""
+  depths = np.asarray(shape.depths)
+  return tuple((int(np.searchsorted(depths, d)), int(np.searchsorted(depths, d, "right")))
+               for d in range(1, shape.max_depth + 1))
+
+
+def tree_mask(shape: TreeShape, length: Array, slots: int, rows) -> Array:
+  """bool [B,R,S]: query positions `rows` (0 = root) attend the slots < ℓ, the root's
+  slot ℓ and their own ancestors' (and own) slots ℓ+1+j. length: ℓ int32 [B]."""
+  n = shape.num_nodes
+  full = np.zeros((n + 1, n + 1), bool)
+  full[:, 0] = True
+  full[1:, 1:] = shape.ancestor_mask()
+  rel = jnp.arange(slots)[None, :] - length[:, None]  # [B,S]
+  tree = jnp.asarray(full[np.asarray(rows)])[:, jnp.clip(rel, 0, n)]  # [R,B,S]
+  visible = (rel[None] < 0) | ((rel[None] <= n) & tree)
+  return jnp.moveaxis(visible, 0, 1)
+
+
+def compact_path(cache: dict, length: Array, path: Array) -> dict:
+  """Moves the path's K/V (node path[b, d-1] at slot ℓ+1+path) to slots ℓ+d, d = 1..D,
+  every layer; slots past the path keep their entries. path int32 [B,D], -1 past n."""
+  depth = path.shape[1]
+  dest = length[:, None] + 1 + jnp.arange(depth)[None, :]  # [B,D]
+  src = jnp.where(path >= 0, length[:, None] + 1 + path, dest)
+  rows = jnp.arange(path.shape[0])[:, None]
+
+  def move(x):  # [L,B,S,K,H]
+    return x.at[:, rows, dest].set(x[:, rows, src])
+  return {**cache, "k": move(cache["k"]), "v": move(cache["v"])}
+
+
+def _children(shape: TreeShape, rule: str, start: int, end: int, q_at: Array, rank: Array,
+              keys: Array, greedy: bool) -> Array:
+  """The tokens of nodes start..end-1 -> int32 [B,end-start], from their parents' q_at
+  [B,P,V] ('sampled', keys [B,N,2]) or draft logits rank [B,P,V] ('topk')."""
+  parents = shape.parent_positions()[start:end]
+  if rule == "topk":
+    widest = shape.children_table().shape[1]
+    top = jax.lax.top_k(rank[:, parents], widest)[1]  # [B,n,K]
+    ranks = jnp.asarray(shape.child_rank[start:end])
+    return jnp.take_along_axis(top, ranks[None, :, None], axis=2)[..., 0].astype(jnp.int32)
+  draw = jax.vmap(jax.vmap(functools.partial(sample, greedy=greedy)))
+  return draw(keys[:, start:end], q_at[:, parents])
+
+
+def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: TreeShape,
+               rule: str, draft_config: ModelConfig, warp_fn, vocab_size: int, greedy: bool):
+  """Step 1 (module docstring) -> (nodes int32 [B,N], q_at float32 [B,N+1,V] (zeros at
+  depth-D positions), draft cache)."""
+  feature = draft_config.kind == "feature"
+  length = state.num_tokens - 1
+  own = (draft_config.num_layers,)
+  embed = target_params["embed"] if feature else None
+  if feature:  # the re-read of `drafting.draft_feature` (positions ℓ_d..ℓ_d+G)
+    base = state.draft_cache["length"]
+    offsets = jnp.arange(state.features.shape[1])[None, :]
+    reread = jnp.take_along_axis(state.tokens, base[:, None] + offsets, axis=1)
+    at = (length - base)[:, None]
+    logits, cache, hidden = forward(draft_params, reread, base[:, None] + offsets,
+                                    state.draft_cache, config=draft_config, input_embed=embed,
+                                    target_features=state.features, hidden_layers=own,
+                                    logits_at=at)
+    hiddens = jnp.take_along_axis(hidden, at[:, :, None], axis=1)  # [B,1,Dm]: positions 0..
+  else:
+    logits, cache = forward(draft_params, pending_tokens(state)[:, None], length[:, None],
+                            with_length(state.draft_cache, length), config=draft_config)
+    hiddens = None
+  rank = logits[:, :, :vocab_size]  # [B,P,V]: positions drafted so far
+  q_at = warp_fn(logits)
+  nodes = []
+  spans = levels(shape)
+  slots = cache["k"].shape[2]
+  for depth, (start, end) in enumerate(spans, 1):
+    x = _children(shape, rule, start, end, q_at, rank, draft_keys, greedy)
+    nodes.append(x)
+    last = depth == len(spans)
+    kw = dict(config=draft_config, return_logits=not last,
+              attn_mask=tree_mask(shape, length, slots, np.arange(start, end) + 1))
+    positions = jnp.broadcast_to((length + depth)[:, None], x.shape)
+    cache = with_length(cache, length + 1 + start)
+    if feature:
+      context = jnp.take(hiddens, jnp.asarray(shape.parent_positions()[start:end]), axis=1)
+      out = forward(draft_params, x, positions, cache, input_embed=embed, context=context,
+                    hidden_layers=() if last else own, **kw)
+      if not last:
+        hiddens = jnp.concatenate([hiddens, out[2]], axis=1)
+    else:
+      out = forward(draft_params, x, positions, cache, **kw)
+    cache = out[1]
+    if not last:
+      rank = jnp.concatenate([rank, out[0][..., :vocab_size]], axis=1)
+      q_at = jnp.concatenate([q_at, warp_fn(out[0])], axis=1)
+  leaves = shape.num_nodes + 1 - q_at.shape[1]
+  q_at = jnp.pad(q_at, ((0, 0), (0, leaves), (0, 0)))
+  return jnp.concatenate(nodes, axis=1), q_at, cache
+
+
+def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConfig,
+                 draft_config: ModelConfig, shape: TreeShape, rule: str,
+                 sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
+                 max_new_tokens: int):
+  """One tree step for every row (module docstring) -> the new `speculative.DecodeState`.
+
+  Not jitted; `speculative.decode_loop` runs it as its loop body when given a tree. The
+  state must come from `init_state` with gamma >= N (module docstring, "State widths").
+  """
+  from specdec_jax import speculative as spec  # the loop imports this module lazily
+  check_tree(shape, rule, draft_config, vocab_size)
+  warp_fn = functools.partial(spec._warp_vocab, vocab=vocab_size,
+                              temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p)
+  n_nodes, depth = shape.num_nodes, shape.max_depth
+  feature = feature_part(draft_config) is not None
+  length = state.num_tokens - 1
+  split = jax.vmap(jax.random.split)(spec._step_keys(state))  # [B,2,2]
+  draft_keys = jax.vmap(lambda k: jax.random.split(k, n_nodes))(split[:, 0])  # [B,N,2]
+  nodes, q_at, draft_cache = draft_tree(
+      target_params, draft_params, state, draft_keys, shape=shape, rule=rule,
+      draft_config=draft_config, warp_fn=warp_fn, vocab_size=vocab_size,
+      greedy=sampling.temperature == 0)
+
+  target_in = jnp.concatenate([pending_tokens(state)[:, None], nodes], axis=1)  # [B,N+1]
+  positions = length[:, None] + jnp.asarray((0,) + shape.depths)[None, :]
+  slots = state.target_cache["k"].shape[2]
+  out = forward(target_params, target_in, positions, with_length(state.target_cache, length),
+                config=target_config, attn_mask=tree_mask(shape, length, slots,
+                                                          np.arange(n_nodes + 1)),
+                hidden_layers=draft_config.feature_layers if feature else ())
+  p_at = warp_fn(out[0])  # [B,N+1,V]
+  path, block, num_accepted = tree_verify(shape, nodes, q_at, p_at, split[:, 1], rule=rule)
+
+  live = ~state.done
+  state = state.replace(
+      accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),
+      gammas=state.gammas.at[:, state.step].set(jnp.where(live, depth, -1)))
+  state, _ = spec._emit(state, jnp.maximum(block, 0), num_accepted + 1, eos_id=eos_id,
+                        max_new_tokens=max_new_tokens)
+  new_length = state.num_tokens - 1
+  target_cache = with_length(compact_path(out[1], length, path), new_length)
+  if feature:  # the target's features at ℓ (root) and the path, then ℓ_d = ℓ+1
+    at = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)  # [B,D+1]
+    feats = jnp.take_along_axis(out[2], jnp.maximum(at, 0)[:, :, None], axis=1)  # [B,D+1,F]
+    valid = jnp.concatenate([jnp.ones_like(path[:, :1], bool), path >= 0], axis=1)
+    feats = jnp.where(valid[:, :, None], feats, 0)  # zeros past the path, as the chain pads
+    width = state.features.shape[1]
+    feats = jnp.pad(feats.astype(state.features.dtype),
+                    ((0, 0), (0, width - depth - 1), (0, 0)))
+    state = state.replace(features=feats)
+    draft_cache = with_length(draft_cache, length + 1)
+  else:
+    draft_cache = with_length(compact_path(draft_cache, length, path), new_length)
+  return state.replace(target_cache=target_cache, draft_cache=draft_cache,
+                       step=state.step + 1)

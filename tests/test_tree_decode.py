@@ -1,0 +1,228 @@
+"""Token trees in the decode loop (`tree_decode`): greedy equality, the chain special
+case, the caches after a tree step, batch independence, the law at T=1, bad input.
+
+Law tests: a tiny target (vocabulary 4) generates 3 tokens after a fixed prompt; the
+exact probability of each of the 4^3 = 64 continuations is enumerated (one forward over
+all of them, after the same warp) and ROWS tree-decoded rows (one batched call, each row
+its own key stream) are compared by a chi-square test with cells expected below 5
+pooled. Each case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (three
+cases: at most 0.3% for the file); seeds are fixed, so the outcome is deterministic.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
+from specdec_jax import speculative as spec
+from specdec_jax.model import forward, init_cache
+from specdec_jax.ngram import NgramDraft
+from specdec_jax.tree_decode import tree_step_fn
+from specdec_jax.tree_shapes import TreeShape
+
+GREEDY = SamplingConfig(temperature=0.0)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 0], [7], [3, 1, 4, 1]]
+SHAPES = [TreeShape.from_branching((2, 2)), TreeShape.from_branching((3, 1, 1))]
+
+
+@pytest.fixture(scope="module")
+def model_pair():
+  """Vocabulary 8; the draft is the target's first layer (it agrees often, not always)."""
+  target = tiny_config(vocab=8, layers=2, width=32)
+  tp = tiny_model(target, 0, factor=8.0)
+  draft = target.replace(num_layers=1)
+  dp = {**tp, "layers": jax.tree_util.tree_map(lambda x: x[:1], tp["layers"])}
+  return target, tp, draft, dp
+
+
+@pytest.fixture(scope="module")
+def feature_pair(model_pair):
+  """The same target with a random feature draft (EAGLE-3 style) reading layers 1 and 2."""
+  target, tp = model_pair[:2]
+  draft = tiny_config(vocab=8, layers=1, width=16, tie_embeddings=False,
+                      feature_layers=(1, 2), feature_width=target.embed_dim)
+  return target, tp, draft, tiny_model(draft, 1, factor=3.0)
+
+
+def generate(pair, prompts=PROMPTS, **kw):
+  target, tp, draft, dp = pair
+  kw.setdefault("max_new_tokens", 12)
+  kw.setdefault("gamma", 1)
+  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
+
+
+@pytest.mark.parametrize("kind", ["model", "feature"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["2x2", "3x1x1"])
+@pytest.mark.parametrize("rule", ["sampled", "topk"])
+def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind, shape, rule):
+  pair = model_pair if kind == "model" else feature_pair
+  target, tp = pair[:2]
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
+                               sampling=GREEDY)
+  out = generate(pair, sampling=GREEDY, tree=shape, tree_rule=rule)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.lengths, ar.lengths)
+  live = out.accepted >= 0
+  assert (out.gammas[live] == shape.max_depth).all()
+  assert out.accepted.max() >= 1  # some paths were accepted (the compaction ran)
+
+
+def test_chain_shape_equals_the_chain_at_t0(model_pair):
+  """TreeShape.chain(γ), rule 'sampled' == today's chain, verifier 'token', same γ."""
+  chain = generate(model_pair, sampling=GREEDY, gamma=3, verifier="token")
+  tree = generate(model_pair, sampling=GREEDY, tree=TreeShape.chain(3))
+  np.testing.assert_array_equal(tree.tokens, chain.tokens)
+  np.testing.assert_array_equal(tree.accepted, chain.accepted)
+  assert chain.accepted.max() >= 1
+
+
+def _one_tree_step(pair, shape, rule, sampling, steps=2):
+  target, tp, draft, dp = pair
+  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=draft, gamma=1,
+                               max_new_tokens=12, sampling=sampling, seed=0, row_ids=None,
+                               eos_id=None, pad_id=0, vocab_size=None, verifier=None,
+                               tree=shape, tree_rule=rule)
+  state = spec.init_state(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                          target_config=target, draft_config=draft, gamma=shape.num_nodes,
+                          max_new_tokens=12)
+  step = jax.jit(lambda s: tree_step_fn(
+      tp, dp, s, target_config=target, draft_config=draft, shape=shape, rule=rule,
+      sampling=sampling, vocab_size=8, eos_id=None, max_new_tokens=12))
+  before = state
+  for _ in range(steps):
+    before, state = state, step(state)
+  return before, state
+
+
+def _prefill(pair_config, params, tokens, **kw):
+  b, w = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(w), (b, w))
+  return forward(params, tokens, positions, init_cache(pair_config, b, w), config=pair_config,
+                 return_logits=False, **kw)
+
+
+@pytest.mark.parametrize("kind", ["model", "feature"])
+def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind):
+  """K/V of the emitted prefix (slots 0..num_tokens-2) == a prefill of those tokens, in
+  the target cache and an independent draft's; a feature draft's `features` == the
+  target's features at ℓ_old .. new ℓ - 1."""
+  pair = model_pair if kind == "model" else feature_pair
+  target, tp, draft, dp = pair
+  before, state = _one_tree_step(pair, SHAPES[0], "topk", SamplingConfig(1.0))
+  emitted = np.asarray(state.num_tokens - before.num_tokens)
+  assert (emitted >= 2).any()  # a path of n >= 1 was compacted
+  width = int(state.num_tokens.max())
+  tokens = state.tokens[:, :width]
+  layers = draft.feature_layers if kind == "feature" else ()
+  out = _prefill(target, tp, tokens, hidden_layers=layers)
+  caches = [(state.target_cache, out[1])]
+  if kind == "model":
+    caches.append((state.draft_cache, _prefill(draft, dp, tokens)[1]))
+  valid = np.arange(width)[None, :] < np.asarray(state.num_tokens - 1)[:, None]  # [B,W]
+  for cache, fresh in caches:
+    np.testing.assert_array_equal(np.asarray(cache["length"]), np.asarray(state.num_tokens - 1))
+    for name in ("k", "v"):
+      got = np.asarray(cache[name][:, :, :width])[:, valid]
+      want = np.asarray(fresh[name][:, :, :width])[:, valid]
+      np.testing.assert_allclose(got, want, atol=1e-5)
+  if kind == "feature":
+    feats, old = np.asarray(out[2]), np.asarray(before.num_tokens - 1)
+    np.testing.assert_array_equal(np.asarray(state.draft_cache["length"]), old + 1)
+    for b in range(len(PROMPTS)):
+      np.testing.assert_allclose(np.asarray(state.features[b, :emitted[b]]),
+                                 feats[b, old[b]:old[b] + emitted[b]], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,rule", [("model", "sampled"), ("feature", "topk")])
+def test_row_output_independent_of_batch_companions(model_pair, feature_pair, kind, rule):
+  pair = model_pair if kind == "model" else feature_pair
+  kw = dict(sampling=SamplingConfig(1.0), tree=SHAPES[0], tree_rule=rule, prompt_width=6)
+  alone = generate(pair, prompts=[PROMPTS[1]], seed=5, row_ids=[7], **kw)
+  mixed = generate(pair, prompts=[PROMPTS[0], PROMPTS[1], PROMPTS[3]], seed=5,
+                   row_ids=[1, 7, 3], **kw)
+  np.testing.assert_array_equal(alone.tokens[0], mixed.tokens[1])
+
+
+# ------------------------------------------------------------------- the law at T=1
+
+VOCAB, NEW, ROWS = 4, 3, 4000
+LAW_PROMPT = [1, 3, 0]
+
+
+@pytest.fixture(scope="module")
+def law_pair():
+  target = tiny_config(vocab=VOCAB, layers=2, width=16, max_seq_len=16)
+  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16)
+  return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
+
+
+@pytest.fixture(scope="module")
+def law_feature_pair(law_pair):
+  target, tp = law_pair[:2]
+  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
+                      feature_layers=(1, 2), feature_width=target.embed_dim)
+  return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+
+
+def exact_sequence_probs(config, params, sampling) -> np.ndarray:
+  """[VOCAB**NEW]: the target's probability of every continuation (base-VOCAB index)."""
+  seqs = np.array(list(itertools.product(range(VOCAB), repeat=NEW)), np.int32)
+  tokens = np.concatenate([np.tile(LAW_PROMPT, (len(seqs), 1)), seqs], axis=1)
+  positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+  logits, _ = forward(params, jnp.asarray(tokens), jnp.asarray(positions),
+                      init_cache(config, len(seqs), tokens.shape[1]), config=config)
+  probs = np.asarray(warp(logits, sampling.temperature, sampling.top_k, sampling.top_p),
+                     np.float64)
+  start = len(LAW_PROMPT) - 1
+  return probs[np.arange(len(seqs))[:, None], start + np.arange(NEW)[None, :], seqs].prod(1)
+
+
+LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
+             ("feature", (2, 1), "sampled", 2)]
+
+
+@pytest.mark.parametrize("kind,branching,rule,seed", LAW_CASES)
+def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, kind,
+                                                   branching, rule, seed):
+  pair = law_pair if kind == "model" else law_feature_pair
+  target, tp, draft, dp = pair
+  sampling = SamplingConfig(temperature=1.0)
+  exact = exact_sequence_probs(target, tp, sampling)
+  np.testing.assert_allclose(exact.sum(), 1.0, atol=1e-5)
+  out = speculative_generate(tp, dp, [LAW_PROMPT] * ROWS, target_config=target,
+                             draft_config=draft, gamma=1, max_new_tokens=NEW,
+                             sampling=sampling, seed=seed,
+                             tree=TreeShape.from_branching(branching), tree_rule=rule)
+  assert (out.lengths == NEW).all()
+  assert 0.2 < out.acceptance_rate() < 0.95  # the draft is neither useless nor the target
+  index = (out.tokens * VOCAB ** np.arange(NEW - 1, -1, -1)).sum(axis=1)
+  pvalue = chi_square_pvalue(index, exact)
+  assert pvalue > SIGNIFICANCE, pvalue
+
+
+# ------------------------------------------------------------------------ bad input
+
+def test_tree_not_in_level_order_is_refused(model_pair):
+  with pytest.raises(ValueError, match="level by level"):
+    generate(model_pair, tree=TreeShape((-1, 0, -1)))
+
+
+def test_tree_with_gamma_auto_is_refused(model_pair):
+  with pytest.raises(ValueError, match="gamma='auto'"):
+    generate(model_pair, gamma="auto", tree=SHAPES[0])
+
+
+def test_tree_with_a_lookup_draft_is_refused(model_pair):
+  target, tp = model_pair[:2]
+  with pytest.raises(ValueError, match="'ngram'"):
+    speculative_generate(tp, None, PROMPTS, target_config=target, draft_config=NgramDraft(),
+                         gamma=1, max_new_tokens=4, tree=SHAPES[0])
+
+
+def test_unknown_tree_rule_is_refused(model_pair):
+  with pytest.raises(ValueError, match="'greedy'"):
+    generate(model_pair, tree=SHAPES[0], tree_rule="greedy")
