@@ -1,0 +1,126 @@
+r"""Tokens per target call of token trees against chains (SmolLM2, shipped feature draft).
+
+  PYTHONPATH=. .venv/bin/python scripts/tree_study.py \
+      --out=docs/results/tree_tokens_per_call.json
+
+Every prompt of configs/prompts/heldout.json (30; chat prompts through the ChatML
+template) in one batch, padded to the longest, 32 new tokens (no EOS stop), seed 0,
+target SmolLM2-135M and the feature draft 'saved:drafts/smollm2_feature_v1' alone (no
+lookup). Per configuration: tokens per target call = emitted tokens / steps of each row,
+the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..4
+(block verifier, the default) at T=0 and T=1, and trees (`tree_decode`) with rule 'topk'
+at T=0 and both rules at T=1. Rule 'sampled' at T=0 draws every child as the draft's
+argmax (duplicates): a chain of depth D with extra copies, so it is not run.
+
+No timing is needed for the tokens per call, so the study may share the machine. It also
+records v(k) = t(k tokens) / t(1 token) of the target (`studies.verify_cost_curve`,
+batch 1, context 128, k = 1..17) and c (`studies.cost_coefficient`), and gives a
+predicted speedup tokens_per_call / (v(N+1) + D c) per configuration (D draft calls per
+step, γ for a chain); those timings are only as good as the machine was idle (the JSON's
+`timing_note`). Writes the JSON (with the machine stamp) after every configuration and a
+CSV next to it.
+"""
+
+import csv
+import os
+import time
+
+import _bootstrap  # repository root on sys.path; run(main)
+import numpy as np
+from absl import flags
+
+from configs import smollm2_135m
+from specdec_jax import prompt_sets, studies
+from specdec_jax import speculative as spec
+from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
+from specdec_jax.loading import load_models
+from specdec_jax.sampling import SamplingConfig
+from specdec_jax.tree_shapes import TreeShape
+
+_OUT = flags.DEFINE_string("out", "docs/results/tree_tokens_per_call.json", "JSON output")
+_NEW = flags.DEFINE_integer("max_new_tokens", 32, "new tokens per prompt")
+_SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "3x2x1", "4x2x2"],
+                            "tree shapes: branching per depth joined by 'x' "
+                            "(TreeShape.from_branching)")
+_CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4"], "chain gammas")
+_LIMIT = flags.DEFINE_integer("limit", 0, "use only the first N prompts (0 = all)")
+_COSTS = flags.DEFINE_bool("costs", True, "measure v(k) and c")
+PROMPT_SET = "configs/prompts/heldout.json"
+
+
+def plan():
+  """[(label, kind, shape or gamma, rule, temperature)] in run order."""
+  out = []
+  for t in (0.0, 1.0):
+    for g in _CHAINS.value:
+      out.append((f"chain {g}", "chain", int(g), "block", t))
+    for s in _SHAPES.value:
+      shape = TreeShape.from_branching(tuple(int(b) for b in s.split("x")))
+      for rule in (("topk",) if t == 0 else ("sampled", "topk")):
+        out.append((f"tree {s}", "tree", shape, rule, t))
+  return out
+
+
+def main(_):
+  config = smollm2_135m.get_config()
+  config.draft = config.feature_draft
+  models = load_models(config, [("draft", config.draft)])
+  _, draft_cfg, draft_params = models.drafts["draft"]
+  prompts = prompt_sets.load_prompt_set(PROMPT_SET)
+  if _LIMIT.value:
+    prompts = prompts[:_LIMIT.value]
+  ids = prompt_sets.encode(models.tokenizer, prompts)
+  width = max(len(p) for p in ids)
+  new = _NEW.value
+  doc = dict(stamp=machine_stamp(), meta=dict(
+      prompt_set=PROMPT_SET, prompts=len(ids), prompt_width=width, max_new_tokens=new,
+      target=config.target, draft=config.draft, dtype=config.dtype, seed=0, eos=None,
+      chain_verifier="block",
+      metric="tokens per target call = emitted tokens / loop steps, per prompt (row); "
+             "mean over prompts with the 95% Student-t interval"), rows=[])
+  if _COSTS.value:
+    t0 = time.perf_counter()
+    v = studies.verify_cost_curve(models.target_params, models.target_config, batch=1,
+                                  context=128, max_tokens=17, repeats=10)
+    c = studies.cost_coefficient(models.target_params, models.target_config, draft_params,
+                                 draft_cfg, batch=1, context=128, repeats=10)
+    doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
+                        seconds=time.perf_counter() - t0)
+    doc["timing_note"] = ("v(k) and c were measured while other work ran on the machine "
+                          "(load average at the start: %s)" % (os.getloadavg(),))
+    print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
+  for label, kind, what, rule, temp in plan():
+    t0 = time.perf_counter()
+    kw = (dict(gamma=what) if kind == "chain"
+          else dict(gamma=1, tree=what, tree_rule=rule))
+    out = spec.speculative_generate(
+        models.target_params, draft_params, ids, target_config=models.target_config,
+        draft_config=draft_cfg, max_new_tokens=new, sampling=SamplingConfig(temp), seed=0,
+        vocab_size=models.vocab_size, prompt_width=width, **kw)
+    per_row = out.lengths / out.steps_per_row
+    mean, low, high = prompt_sets.mean_interval(per_row)
+    nodes = what if kind == "chain" else what.num_nodes
+    depth = what if kind == "chain" else what.max_depth
+    row = dict(config=label, kind=kind, nodes=nodes, depth=depth, rule=rule,
+               temperature=temp, tokens_per_call=mean, ci95=[low, high],
+               per_prompt=[float(x) for x in per_row], seconds=time.perf_counter() - t0)
+    if "costs" in doc:
+      row["predicted_speedup"] = mean / (doc["costs"]["v"][str(nodes + 1)]
+                                         + depth * doc["costs"]["c"])
+    doc["rows"].append(row)
+    print(f"{label:12s} N={nodes:2d} D={depth} {rule:7s} T={temp:g}: {mean:.3f} "
+          f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
+    atomic_write_json(_OUT.value, doc)
+  with open(os.path.splitext(_OUT.value)[0] + ".csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["config", "kind", "nodes", "depth", "rule", "temperature", "tokens_per_call",
+                "ci95_low", "ci95_high", "predicted_speedup"])
+    for r in doc["rows"]:
+      w.writerow([r["config"], r["kind"], r["nodes"], r["depth"], r["rule"], r["temperature"],
+                  f"{r['tokens_per_call']:.4f}", f"{r['ci95'][0]:.4f}", f"{r['ci95'][1]:.4f}",
+                  f"{r.get('predicted_speedup', float('nan')):.4f}"])
+
+
+if __name__ == "__main__":
+  _bootstrap.run(main)
