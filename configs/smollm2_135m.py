@@ -62,6 +62,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.gamma = "auto"
   c.gamma_max = 4  # widest step of gamma 'auto' (one compiled branch per width 1..5)
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
+  # A token tree per step (specdec_jax.tree_decode; an independent or feature draft, fixed
+  # gamma): branching per depth, e.g. '2,2,1' (TreeShape.from_branching); '' = a chain.
+  c.tree = ""
+  c.tree_rule = "sampled"  # 'sampled' (SpecInfer, i.i.d. children) | 'topk' (draft's top-k)
   c.temperature = 0.0
   c.top_k = 0
   c.top_p = 1.0

@@ -5,6 +5,8 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
   python scripts/benchmark.py --config=configs/smollm2_135m.py --verifiers=token,block
   python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py   # n-gram draft
   python scripts/benchmark.py --config=configs/smollm2_135m.py --gammas=auto,1,2,4
+  python scripts/benchmark.py --config=configs/smollm2_135m.py \
+      --config.draft=saved:drafts/smollm2_feature_v1 --config.tree=2,2,1 --config.tree_rule=topk
   python scripts/benchmark.py --config=configs/heldout_smollm2.py --out=FILE.json
   python scripts/benchmark.py --config=configs/tiny.py \
       --config.prompt_set=configs/prompts/heldout.json          # any config, any set
@@ -42,6 +44,7 @@ from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
+from specdec_jax.tree_shapes import TreeShape
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (default: "
@@ -51,8 +54,25 @@ _VERIFIERS = flags.DEFINE_list("verifiers", None,
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 
 
+def tree_options(config) -> dict:
+  """--config.tree ('2,2,1' = TreeShape.from_branching; '' = a chain) and tree_rule, as
+  speculative_generate's keywords ({} for a chain)."""
+  tree = str(config.get("tree", "")).strip()
+  if not tree:
+    return {}
+  try:
+    branching = tuple(int(b) for b in tree.split(","))
+  except ValueError:
+    raise ValueError(f"config.tree must be comma-separated ints, e.g. '2,2,1', got {tree!r}")
+  return dict(tree=TreeShape.from_branching(branching),
+              tree_rule=str(config.get("tree_rule", "sampled")))
+
+
 def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: dict) -> float:
-  """Seconds to lower and compile the jitted `speculative_step` alone."""
+  """Seconds to lower and compile the jitted `speculative_step` alone (NaN for a tree,
+  whose loop body is `tree_decode.tree_step_fn`)."""
+  if tree_options(config):
+    return float("nan")
   args = spec.prepare_generate(
       pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
       gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
@@ -99,7 +119,7 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
       domains=[r.domain for r in records], ids=[r.id for r in records], gamma=gamma,
       max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
       repeats=config.repeats, vocab_size=pair.vocab_size, verifier=verifier,
-      **(auto if gamma == "auto" else {}))
+      **(auto if gamma == "auto" else {}), **tree_options(config))
   for record, p in zip(records, res["prompts"]):
     p["chat"] = record.chat
   print(f"gamma {gamma}  verifier {verifier}")
@@ -143,7 +163,8 @@ def main(argv):
     if not table.drafting_pays(gamma_max):
       print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
             "steps here (generate and run decode autoregressively)")
-  widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)])
+  widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)]
+               + ([tree_options(config)["tree"].num_nodes] if tree_options(config) else []))
   context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
                                pair.draft_config, batch=batch, context=context)
@@ -172,8 +193,12 @@ def main(argv):
         pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
         pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
         sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
-        vocab_size=pair.vocab_size, verifier=verifier, **(auto if gamma == "auto" else {}))
+        vocab_size=pair.vocab_size, verifier=verifier, **(auto if gamma == "auto" else {}),
+        **tree_options(config))
     pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
+    if tree_options(config):  # measured tokens per call over (D draft calls + v(N+1))
+      shape = tree_options(config)["tree"]
+      pred = res.tokens_per_step / (shape.max_depth * c + v[shape.num_nodes + 1])
     fixed = gamma != "auto"
     row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1] if fixed else None,
            "predicted_speedup": pred,

@@ -160,11 +160,13 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
                  sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
                  eos_id: int | None = None, vocab_size: int | None = None,
                  return_results: bool = False, verifier: str | None = None,
-                 gamma_max: int | None = None, costs=None, prompt_width: int | None = None):
+                 gamma_max: int | None = None, costs=None, prompt_width: int | None = None,
+                 tree=None, tree_rule: str = "sampled"):
   """Times autoregressive and speculative generation alternately, median of repeats.
 
   gamma 'auto' takes gamma_max and costs (`adaptive.CostTable`) as `speculative_generate`;
-  prompt_width pads the prompts of both (`speculative.prepare_prompts`).
+  prompt_width pads the prompts of both (`speculative.prepare_prompts`); tree, tree_rule:
+  a token tree for the speculative run (`tree_decode`; its α reads 0, β is not recorded).
   Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with
   return_results.
   """
@@ -178,7 +180,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
     return speculative_generate(target_params, draft_params, prompts,
                                 target_config=target_config, draft_config=draft_config,
                                 gamma=gamma, verifier=verifier, gamma_max=gamma_max,
-                                costs=costs, **common)
+                                costs=costs, tree=tree, tree_rule=tree_rule, **common)
 
   first = {}
   for name, fn in (("ar", ar), ("sd", sd)):
