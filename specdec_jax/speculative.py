@@ -86,7 +86,8 @@ from specdec_jax.model import ModelConfig, forward, init_cache
 from specdec_jax.results import GenerationResult, reached_positions  # noqa: F401
 from specdec_jax.results import finish as _finish
 from specdec_jax.sampling import SamplingConfig, sample, warp
-from specdec_jax.verify import acceptance_probability, block_verify, valid_proposals, verify
+from specdec_jax.verify import (acceptance_probability, block_verify, greedy_verify,
+                                valid_proposals, verify)
 
 Array = jax.Array
 # (xs, qs, ps, keys) -> (tokens, n), and the keyword num_proposed where rows may propose
@@ -275,6 +276,9 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   chosen, proposes, looked = step_plan(state, draft_config=draft_config, gamma=gamma,
                                        costs=costs)
   widths = step_widths(draft_config, gamma, costs)
+  # At T=0 every p is one-hot: `greedy_verify` gives the verifiers' tokens without their
+  # V-wide residual arithmetic.
+  verify_fn = greedy_verify if sampling.temperature == 0 else verifier
 
   def draft_and_target(width: int, pad: bool = True):
     """A branch: d = max(width-1, 1) drafts and a target call of `width` tokens ->
@@ -310,7 +314,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
 
   if len(widths) == 1:  # a fixed γ, every row proposes G: one width
     xs, qs, ps, target_cache, draft_cache, features = draft_and_target(widths[0])()
-    block, num_accepted = verifier(xs, qs, ps, verify_keys)
+    block, num_accepted = verify_fn(xs, qs, ps, verify_keys)
   elif width == 1:
     # No row proposes: the verifier draws y ~ p_1 with the row's resampling key, which
     # does not depend on G (its uniforms go unused), so one position stands for G.
@@ -325,11 +329,11 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
     block = jnp.pad(block, ((0, 0), (0, gamma + 1 - block.shape[1])))
   elif width is not None:
     xs, qs, ps, target_cache, draft_cache, features = draft_and_target(width)()
-    block, num_accepted = verifier(xs, qs, ps, verify_keys, num_proposed=chosen)
+    block, num_accepted = verify_fn(xs, qs, ps, verify_keys, num_proposed=chosen)
   else:
     xs, qs, ps, target_cache, draft_cache, features = jax.lax.switch(
         adaptive.width_index(widths, chosen), [draft_and_target(k) for k in widths])
-    block, num_accepted = verifier(xs, qs, ps, verify_keys, num_proposed=chosen)
+    block, num_accepted = verify_fn(xs, qs, ps, verify_keys, num_proposed=chosen)
   beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   beta = jnp.pad(beta, ((0, 0), (0, gamma - beta.shape[1])))  # [B,G]
   state = state.replace(

@@ -313,3 +313,27 @@ def block_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array, k
   num_valid = valid_proposals(tokens, q, num_proposed)
   row = functools.partial(_block_verify_row, residual_fn=residual_fn)
   return jax.vmap(row)(tokens, q, p, keys, num_valid)
+
+
+# --------------------------------------------------------------- greedy (temperature 0)
+
+def greedy_verify(draft_tokens: Array, draft_probs: Array, target_probs: Array,
+                  key: Array | None = None, *, num_proposed: Array | None = None):
+  """Both verifiers' output when every p_i is one-hot (temperature 0), without their
+  V-wide residual arithmetic or draws: the leading run of valid drafts equal to
+  argmax p_i is accepted and y = argmax p_{n+1}. Same arguments and return contract as
+  `verify` (key unused). With one-hot p, `verify` and `block_verify` accept x_i iff it
+  is valid and p_i(x_i) = 1, and their correction norm(max(0, p - q)) (or p where the
+  proposals stop) is p's own one-hot, so the tokens are theirs exactly (tests compare).
+  """
+  del key
+  tokens, q, p = _check_verifier_args(draft_tokens, draft_probs, target_probs)
+  gamma = tokens.shape[1]
+  best = jnp.argmax(p, axis=-1).astype(jnp.int32)  # [B,G+1]
+  num_valid = valid_proposals(tokens, q, num_proposed)
+  match = (tokens == best[:, :gamma]) & (jnp.arange(gamma)[None, :] < num_valid[:, None])
+  num_accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+  y = jnp.take_along_axis(best, num_accepted[:, None], axis=1)[:, 0]
+  out = jnp.concatenate([tokens, y[:, None]], axis=1)
+  out = out.at[jnp.arange(tokens.shape[0]), num_accepted].set(y)
+  return out, num_accepted.astype(jnp.int32)

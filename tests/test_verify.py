@@ -16,8 +16,8 @@ import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue
 from specdec_jax.sampling import warp
-from specdec_jax.verify import (acceptance_probability, block_verify, residual_distribution,
-                                verify)
+from specdec_jax.verify import (acceptance_probability, block_verify, greedy_verify,
+                                residual_distribution, verify)
 
 P = np.array([0.2, 0.5, 0.3], np.float32)
 Q = np.array([0.6, 0.3, 0.1], np.float32)
@@ -168,3 +168,38 @@ def test_residual_underflow_falls_back_to_p():
 def test_functools_partial_verifier_is_hashable():
   """Verifiers are static arguments of the jitted loops."""
   hash(functools.partial(verify, residual_fn=residual_distribution))
+
+
+# --------------------------------------------------------------- greedy (temperature 0)
+
+def test_greedy_verify_equals_both_verifiers_on_one_hot_targets():
+  """One-hot p (T=0): `greedy_verify` emits the tokens of `verify` and `block_verify`,
+  with greedy (one-hot) and sampled (soft) drafts, broken q rows, out-of-range tokens
+  and per-row num_proposed."""
+  rng = np.random.default_rng(0)
+  b, g, v = 64, 4, 5
+  p = jax.nn.one_hot(rng.integers(0, v, (b, g + 1)), v)
+  best = np.asarray(jnp.argmax(p, -1))
+  # drafts that often match the target's argmax, so long accepted runs occur
+  drafts = np.where(rng.random((b, g)) < 0.7, best[:, :g], rng.integers(0, v, (b, g)))
+  soft = rng.dirichlet(np.ones(v), (b, g)).astype(np.float32)
+  soft[np.arange(b)[:, None], np.arange(g)[None, :], drafts] += 0.5
+  soft /= soft.sum(-1, keepdims=True)
+  one_hot = np.asarray(jax.nn.one_hot(drafts, v))
+  broken = soft.copy()
+  broken[::7, 2] = np.nan  # a NaN row cuts the proposals there
+  drafts_bad = drafts.copy()
+  drafts_bad[::5, 1] = v + 3  # out of the vocabulary
+  num_proposed = rng.integers(0, g + 1, b)
+  key = jax.random.PRNGKey(3)
+  for q, x, n in [(one_hot, drafts, None), (soft, drafts, None), (broken, drafts, None),
+                  (soft, drafts_bad, None), (soft, drafts, num_proposed)]:
+    kw = {} if n is None else dict(num_proposed=n)
+    got_tokens, got_n = greedy_verify(x, q, p, key, **kw)
+    for ref in (verify, block_verify):
+      tokens, accepted = ref(x, q, p, key, **kw)
+      np.testing.assert_array_equal(got_n, accepted)
+      emitted = np.arange(g + 1)[None, :] <= np.asarray(accepted)[:, None]
+      np.testing.assert_array_equal(np.where(emitted, got_tokens, -1),
+                                    np.where(emitted, tokens, -1))
+  assert np.asarray(greedy_verify(drafts, one_hot, p)[1]).max() >= 2  # long runs occurred
