@@ -2,9 +2,17 @@
 
 Letters: B batch, G = γ_max (static), K = G + 1 target-call widths.
 
-A cost table (`CostTable`; measured and cached per machine by `specdec_jax.costs`):
-  c      draft step time / target step time, one token each
-  v(k)   target time for k tokens / for 1 token, k = 1..G+1 (v(1) = 1)
+A cost table (`CostTable`; measured and cached per machine by `machine_costs`) gives
+the cost s(γ) of one speculative step in which a row proposes γ drafts, in plain
+(autoregressive) steps of the same batch, context and sampling:
+  measured  s(γ) = t(a whole compiled step of call width γ+1) / t(a plain step), timed in
+            the decode loop's own step functions (`machine_costs.measure_steps`): the
+            draft, its sampling, the verifier, the lookup and the bookkeeping included;
+  modelled  s(γ) = max(γ, 1) c + v(γ+1) from c = draft call / target call (one token)
+            and v(k) = target call over k tokens / over 1 (`machine_costs.measure`).
+The model leaves out everything but the two models' forward calls; on a 2-core CPU
+that is 0.1 to 0.5 of a plain step (more at temperature > 0, where every drafted token
+is sampled over the whole vocabulary), so the measured form is the one the scripts use.
 Each row b keeps an estimate α̂_b of its acceptance: an exponential moving average of
 the exact β_i = Σ min(p_i, q_i) at the drafted positions it observed, in order,
   α̂ ← (1 - w) α̂ + w β_i,   w = ALPHA_WEIGHT,  α̂ = ALPHA_PRIOR before the first one.
@@ -13,11 +21,11 @@ draft accepted). A step with γ_b = 0 proposes nothing, but its draft still comp
 q_1 and the target call gives p_1, so β_1 is observed too: the estimate stays alive
 while the row decodes plainly (a prompt lookup without a match observes nothing).
 Each step row b takes
-  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / (max(γ, 1) c + v(γ+1)),   E(α, γ) = Σ_{j=0..γ} α^j
-(Leviathan et al. §3 with the measured v of REFERENCE.md §2; ties go to the smaller γ).
-A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so it costs 1 + c, not
-1: the draft's first call is paid whatever γ. The choice depends only on the row's past, so
-the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
+  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / s(γ),   E(α, γ) = Σ_{j=0..γ} α^j
+(Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ).
+A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so s(0) >= 1: the
+modelled s(0) is 1 + c. The choice depends only on the row's past, so the verifiers'
+`num_proposed` rule keeps every emitted token distributed as p.
 """
 
 from __future__ import annotations
@@ -42,10 +50,12 @@ PAYS_AT_ALPHA = 0.9
 
 @dataclasses.dataclass(frozen=True)
 class CostTable:
-  """c and v(1..K) of one (machine, target, draft); v[0] = v(1) = 1."""
+  """c and v(1..K) of one (machine, target, draft); v[0] = v(1) = 1. step_costs, when
+  measured: s(0..G') of whole steps in plain steps (module docstring); it then decides."""
 
   c: float
   verify_costs: tuple[float, ...]
+  step_costs: tuple[float, ...] | None = None
 
   def __post_init__(self):
     if not (isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0):
@@ -55,6 +65,14 @@ class CostTable:
       raise ValueError(f"cost table verify_costs must be finite numbers > 0, got {v!r}")
     if abs(v[0] - 1.0) > 1e-6:
       raise ValueError(f"cost table verify_costs[0] is v(1) and must be 1, got {v[0]!r}")
+    if self.step_costs is not None:
+      s = tuple(self.step_costs)
+      if not s or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+                          for x in s):
+        raise ValueError(f"cost table step_costs must be finite numbers > 0, got {s!r}")
+      if len(s) != len(v):
+        raise ValueError(f"cost table step_costs has {len(s)} entries (s(0..)); it needs one "
+                         f"per call width, {len(v)} like verify_costs")
 
   @property
   def max_gamma(self) -> int:
@@ -62,11 +80,16 @@ class CostTable:
     return len(self.verify_costs) - 1
 
   def as_array(self, gamma_max: int) -> np.ndarray:
-    """float32 [G+2]: (c, v(1), .., v(G+1)), the form the decode loop takes."""
+    """float32 [G+1]: s(0..G), the step costs the decode loop takes (measured, or
+    modelled from c and v)."""
     if gamma_max > self.max_gamma:
       raise ValueError(f"gamma_max={gamma_max} needs v(k) up to k={gamma_max + 1}; the cost "
                        f"table covers k <= {self.max_gamma + 1}")
-    return np.asarray((self.c,) + tuple(self.verify_costs[: gamma_max + 1]), np.float32)
+    if self.step_costs is not None:
+      return np.asarray(self.step_costs[: gamma_max + 1], np.float32)
+    g = np.arange(gamma_max + 1)
+    return (np.maximum(g, 1) * self.c + np.asarray(self.verify_costs[: gamma_max + 1])
+            ).astype(np.float32)
 
   def best_gamma(self, alpha: float, gamma_max: int | None = None) -> int:
     """Host-side twin of `choose_gamma` for one α."""
@@ -74,20 +97,24 @@ class CostTable:
     return int(np.asarray(choose_gamma(jnp.asarray([alpha], jnp.float32),
                                        jnp.asarray(self.as_array(g))))[0])
 
+  def predicted_speedup(self, alpha: float, gamma: int) -> float:
+    """E(α, γ) / s(γ): tokens per plain step's time when every step proposes γ."""
+    return float(sum(alpha ** j for j in range(gamma + 1)) / self.as_array(gamma)[gamma])
+
   def drafting_pays(self, gamma_max: int | None = None, alpha: float = PAYS_AT_ALPHA) -> bool:
-    """True when some γ >= 1 beats a plain step at acceptance `alpha`."""
-    return self.best_gamma(alpha, gamma_max) > 0
+    """True when some γ >= 1 beats a plain step (cost 1, one token) at acceptance `alpha`."""
+    g = self.max_gamma if gamma_max is None else gamma_max
+    return any(self.predicted_speedup(alpha, k) > 1.0 for k in range(1, g + 1))
 
 
 def choose_gamma(alpha: Array, costs: Array) -> Array:
-  """int32 [B]: γ_b maximising E(α̂_b, γ) / (max(γ, 1) c + v(γ+1)) over 0..G.
+  """int32 [B]: γ_b maximising E(α̂_b, γ) / s(γ) over 0..G.
 
-  alpha float [B] (α̂); costs float32 [G+2] = (c, v(1..G+1)) (`CostTable.as_array`).
+  alpha float [B] (α̂); costs float32 [G+1] = s(0..G) (`CostTable.as_array`).
   """
-  c, v = costs[0], costs[1:]
-  g = jnp.arange(v.shape[0])
-  expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,K]
-  return jnp.argmax(expected / (jnp.maximum(g, 1) * c + v)[None, :], axis=1).astype(jnp.int32)
+  g = jnp.arange(costs.shape[0])
+  expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,G+1]
+  return jnp.argmax(expected / costs[None, :], axis=1).astype(jnp.int32)
 
 
 def update_alpha(alpha: Array, beta: Array, observed: Array,

@@ -1,15 +1,20 @@
 """This machine's cost table for gamma='auto': measured once, cached per machine and models.
 
-Letters: B batch, G = γ_max.
+Letters: B batch, G = γ_max, R steps per timed loop.
 
 A `adaptive.CostTable` holds c (draft step / target step, one token each) and v(k) =
 t(k tokens) / t(1 token) of the target for k = 1..G+1, timed with `studies.call_seconds`
-at batch B and a fixed context. Timing takes seconds (plus one compile per width), so
+at batch B and a fixed context (`measure`), and, from `measure_steps`, the step costs
+s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as R steps of the
+decode loop's own step function in one compiled `fori_loop` that rewinds the state to the
+same context before each step (so no step pays a copy of the caches), the median of
+`repeats` rounds, the widths and the plain step interleaved in each round. Timing takes seconds (plus one compile per width), so
 `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use
 runs/costs/, ignored by git) under a key of everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
   batch, context
+  sampling, verifier   for step costs (a step samples and verifies at the run's settings)
 A stored table whose key differs, or that covers fewer than G+1 widths, is measured
 again and replaced (written with `io.atomic`). The tables are timings of the machine
 they were taken on: never commit them.
@@ -33,14 +38,19 @@ MEASURE_CONTEXT = 96
 MEASURE_REPEATS = 10
 
 
-def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT) -> dict:
-  """The identity of a cost table: this machine, the two models, batch and context."""
+def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT,
+             sampling=None, verifier: str | None = None) -> dict:
+  """The identity of a cost table: this machine, the two models, batch and context, and
+  for step costs the sampling rules and verifier."""
   import jax
 
   model, isa = machine.cpu_info()
   models = hashlib.sha256(f"{target_config!r}|{draft_config!r}".encode()).hexdigest()
-  return dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
-              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
+  key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
+             devices=machine.devices(), models=models, batch=int(batch), context=int(context))
+  if sampling is not None:
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=True)
+  return key
 
 
 def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
@@ -60,6 +70,68 @@ def measure(target_params, target_config, draft_params, draft_config, *, gamma_m
   return CostTable(c=float(c), verify_costs=tuple(float(v[k]) for k in sorted(v)))
 
 
+STEP_REPEATS = 7
+STEPS_PER_LOOP = 6
+
+
+def measure_steps(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
+                  batch: int, sampling, verifier: str = "block", context: int = MEASURE_CONTEXT,
+                  repeats: int = STEP_REPEATS, steps: int = STEPS_PER_LOOP) -> CostTable:
+  """The modelled table (`measure`) plus the measured step costs s(0..gamma_max)."""
+  import jax
+  import numpy as np
+
+  from specdec_jax import speculative
+  from specdec_jax.drafting import with_length
+
+  table = measure(target_params, target_config, draft_params, draft_config,
+                  gamma_max=gamma_max, batch=batch, context=context)
+  vocab = speculative.resolve_vocab(target_config, draft_config, None)
+  tokens = (np.arange(batch * context, dtype=np.int32).reshape(batch, context) * 7919) % vocab
+  prompt_len = np.full((batch,), context, np.int32)
+  row_keys = speculative._row_keys(0, np.arange(batch))
+  common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab,
+                eos_id=None, max_new_tokens=steps * (gamma_max + 1))
+  costs = table.as_array(gamma_max)
+
+  def rewound(state, start):
+    """state with the progress of `start` (the buffers, caches included, kept)."""
+    draft_cache = state.draft_cache
+    if draft_cache is not None:
+      draft_cache = with_length(draft_cache, start.draft_cache["length"])
+    return state.replace(num_tokens=start.num_tokens, done=start.done, step=start.step,
+                         alpha_estimate=start.alpha_estimate, features=start.features,
+                         target_cache=with_length(state.target_cache,
+                                                  start.target_cache["length"]),
+                         draft_cache=draft_cache)
+
+  def timed_loop(step, start):
+    loop = jax.jit(lambda s: jax.lax.fori_loop(
+        0, steps, lambda i, x: step(rewound(x, s)), s).tokens)
+    return lambda: jax.block_until_ready(loop(start))
+
+  fns = {}
+  plain = speculative.init_state_jit(target_params, None, tokens, prompt_len, row_keys,
+                                     target_config=target_config, draft_config=None, gamma=0,
+                                     max_new_tokens=common["max_new_tokens"])
+  fns["plain"] = timed_loop(lambda x: speculative.autoregressive_step_fn(
+      target_params, x, **common), plain)
+  start = speculative.init_state_jit(target_params, draft_params, tokens, prompt_len, row_keys,
+                                     target_config=target_config, draft_config=draft_config,
+                                     gamma=gamma_max, max_new_tokens=common["max_new_tokens"],
+                                     adaptive_gamma=True)
+  verify_fn = speculative.resolve_verifier(verifier)
+  for width in range(1, gamma_max + 2):
+    fns[width] = timed_loop(lambda x, width=width: speculative.speculative_step_fn(
+        target_params, draft_params, x, draft_config=draft_config, gamma=gamma_max,
+        verifier=verify_fn, costs=costs, width=width, **common), start)
+  for fn in fns.values():  # compile
+    fn()
+  seconds, _ = studies.interleaved_seconds(fns, repeats)
+  step_costs = tuple(float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2))
+  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=step_costs)
+
+
 def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
                     measure_fn: Callable[[], CostTable]) -> tuple[CostTable, bool]:
   """(table, measured now): the cached table of `key` if it covers γ_max, else
@@ -68,36 +140,45 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
   try:
     stored = json.loads(path.read_text())
     if stored.get("key") == key and len(stored["verify_costs"]) >= gamma_max + 1:
+      steps = stored.get("step_costs")
       return CostTable(c=float(stored["c"]),
-                       verify_costs=tuple(float(x) for x in stored["verify_costs"])), False
+                       verify_costs=tuple(float(x) for x in stored["verify_costs"]),
+                       step_costs=None if steps is None else tuple(float(x) for x in steps)
+                       ), False
   except (OSError, ValueError, KeyError, TypeError):
     pass  # missing, unreadable or another table: measure
   table = measure_fn()
   path.parent.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(path, dict(key=key, c=table.c, verify_costs=list(table.verify_costs)))
+  atomic_write_json(path, dict(key=key, c=table.c, verify_costs=list(table.verify_costs),
+                               step_costs=None if table.step_costs is None
+                               else list(table.step_costs)))
   return table, True
 
 
 def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int | None = None,
               log: Callable[[str], None] = print) -> CostTable:
   """The cost table of a `loading.Pair` on this machine at `batch` rows (default: its
-  prompts), cached."""
+  prompts), with step costs at its sampling rules and verifier (`measure_steps`), cached."""
   batch = len(pair.prompts) if batch is None else batch
-  key = cost_key(pair.target_config, pair.draft_config, batch=batch)
+  key = cost_key(pair.target_config, pair.draft_config, batch=batch, sampling=pair.sampling,
+                 verifier=pair.verifier)
   path = cache_path(directory, key)
   if not path.exists():
-    log(f"measuring this machine's call costs once (cached in {path.name} under "
-        f"{os.path.basename(os.fspath(directory))}/) ...")
-  table, _ = load_or_measure(directory, key, gamma_max, lambda: measure(
+    log(f"measuring this machine's step costs once (about a minute; cached in {path.name} "
+        f"under {os.path.basename(os.fspath(directory))}/) ...")
+  table, _ = load_or_measure(directory, key, gamma_max, lambda: measure_steps(
       pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-      gamma_max=gamma_max, batch=batch))
+      gamma_max=gamma_max, batch=batch, sampling=pair.sampling, verifier=pair.verifier))
   return table
 
 
 def describe(table: CostTable) -> str:
-  """One line: c and v(k)."""
-  return f"c = {table.c:.3f}  v(k) = " + " ".join(
+  """One line: c and v(k), and the step costs s(γ) where measured."""
+  line = f"c = {table.c:.3f}  v(k) = " + " ".join(
       f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1))
+  if table.step_costs is not None:
+    line += "  s(gamma) = " + " ".join(f"{g}:{x:.2f}" for g, x in enumerate(table.step_costs))
+  return line
 
 
 def parse_gamma(value) -> int | str:

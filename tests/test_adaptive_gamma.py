@@ -275,6 +275,56 @@ def test_choose_gamma_is_the_argmax_of_the_prediction():
   assert got[0] == 0 and got[-1] == 4 and (np.diff(got) >= 0).all()
 
 
+def test_measured_step_costs_decide_the_choice():
+  """With measured s(γ), the choice is the argmax of E(α, γ) / s(γ); here s(1) is so
+  dear that γ = 1 is never taken, which the modelled table of the same c, v would take."""
+  v = (1.0, 1.2, 1.3, 1.4)
+  measured = CostTable(c=0.05, verify_costs=v, step_costs=(1.1, 3.0, 1.6, 1.7))
+  modelled = CostTable(c=0.05, verify_costs=v)
+  np.testing.assert_allclose(modelled.as_array(3), [1.05, 1.25, 1.40, 1.55], rtol=1e-6)
+  np.testing.assert_allclose(measured.as_array(2), [1.1, 3.0, 1.6], rtol=1e-6)
+  alphas = np.linspace(0.0, 0.99, 34)
+  got = np.asarray(adaptive.choose_gamma(np.asarray(alphas, np.float32),
+                                         measured.as_array(3)))
+  for a, g in zip(alphas, got):
+    scores = [sum(a ** j for j in range(k + 1)) / s
+              for k, s in enumerate(measured.step_costs)]
+    assert scores[g] >= max(scores) - 1e-5, (a, g, scores)
+  assert 1 not in got and got[0] == 0 and got[-1] == 3
+  assert 1 in [modelled.best_gamma(a) for a in alphas]
+  # Drafting pays when some γ >= 1 beats a plain step (cost 1, one token) at α = 0.9.
+  assert measured.drafting_pays() and measured.predicted_speedup(0.9, 3) > 1
+  assert not CostTable(c=0.0, verify_costs=v, step_costs=(1.1, 4.0, 4.0, 4.0)).drafting_pays()
+
+
+@pytest.mark.parametrize("steps,match", [
+    ((1.0, float("inf")), "step_costs must be finite numbers > 0"),
+    ((1.0, 0.0), "step_costs must be finite numbers > 0"),
+    ((1.0, 1.2, 1.3), "step_costs has 3 entries"),
+])
+def test_bad_step_costs_raise(steps, match):
+  with pytest.raises(ValueError, match=match):
+    CostTable(c=0.1, verify_costs=(1.0, 1.2), step_costs=steps)
+
+
+def test_measure_steps_times_every_width(greedy_pairs, tmp_path):
+  """On a tiny pair: s(0..G) finite and positive, one per width, stored and reloaded
+  with the table (timings of a tiny model say nothing of a real one: no values checked)."""
+  target, tp, draft, dp = greedy_pairs["feature"]
+  table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
+                                      sampling=GREEDY, context=8, repeats=2, steps=2)
+  assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
+  assert table.as_array(2).shape == (3,)
+  key = machine_costs.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
+                               verifier="block")
+  assert key["steps"] and key != machine_costs.cost_key(
+      target, draft, batch=2, context=8, sampling=SamplingConfig(temperature=1.0),
+      verifier="block")
+  stored, measured = machine_costs.load_or_measure(tmp_path, key, 2, lambda: table)
+  again, measured_again = machine_costs.load_or_measure(tmp_path, key, 2, lambda: None)
+  assert measured and not measured_again and again == table
+
+
 def test_update_alpha_is_an_ema_over_observed_positions():
   beta = np.asarray([[1.0, 0.0, 1.0], [0.2, 0.9, 0.9]], np.float32)
   observed = np.asarray([[True, True, False], [False, False, False]])
