@@ -14,7 +14,7 @@ argmax (duplicates): a chain of depth D with extra copies, so it is not run.
 
 No timing is needed for the tokens per call, so the study may share the machine. It also
 records v(k) = t(k tokens) / t(1 token) of the target (`studies.verify_cost_curve`,
-batch 1, context 128, k = 1..17) and c (`studies.cost_coefficient`), and gives a
+batch 1, context 128, k up to the widest call, after the decoding runs) and c (`studies.cost_coefficient`), and gives a
 predicted speedup tokens_per_call / (v(N+1) + D c) per configuration (D draft calls per
 step, γ for a chain); those timings are only as good as the machine was idle (the JSON's
 `timing_note`). Writes the JSON (with the machine stamp) after every configuration and a
@@ -27,7 +27,7 @@ import time
 
 import _bootstrap  # repository root on sys.path; run(main)
 import numpy as np
-from absl import flags
+from absl import flags, logging
 
 from configs import smollm2_135m
 from specdec_jax import prompt_sets, studies
@@ -40,7 +40,7 @@ from specdec_jax.tree_shapes import TreeShape
 
 _OUT = flags.DEFINE_string("out", "docs/results/tree_tokens_per_call.json", "JSON output")
 _NEW = flags.DEFINE_integer("max_new_tokens", 32, "new tokens per prompt")
-_SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "3x2x1", "4x2x2"],
+_SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1"],
                             "tree shapes: branching per depth joined by 'x' "
                             "(TreeShape.from_branching)")
 _CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4"], "chain gammas")
@@ -63,6 +63,7 @@ def plan():
 
 
 def main(_):
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read at INFO
   config = smollm2_135m.get_config()
   config.draft = config.feature_draft
   models = load_models(config, [("draft", config.draft)])
@@ -79,17 +80,6 @@ def main(_):
       chain_verifier="block",
       metric="tokens per target call = emitted tokens / loop steps, per prompt (row); "
              "mean over prompts with the 95% Student-t interval"), rows=[])
-  if _COSTS.value:
-    t0 = time.perf_counter()
-    v = studies.verify_cost_curve(models.target_params, models.target_config, batch=1,
-                                  context=128, max_tokens=17, repeats=10)
-    c = studies.cost_coefficient(models.target_params, models.target_config, draft_params,
-                                 draft_cfg, batch=1, context=128, repeats=10)
-    doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
-                        seconds=time.perf_counter() - t0)
-    doc["timing_note"] = ("v(k) and c were measured while other work ran on the machine "
-                          "(load average at the start: %s)" % (os.getloadavg(),))
-    print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
   for label, kind, what, rule, temp in plan():
     t0 = time.perf_counter()
     kw = (dict(gamma=what) if kind == "chain"
@@ -105,12 +95,26 @@ def main(_):
     row = dict(config=label, kind=kind, nodes=nodes, depth=depth, rule=rule,
                temperature=temp, tokens_per_call=mean, ci95=[low, high],
                per_prompt=[float(x) for x in per_row], seconds=time.perf_counter() - t0)
-    if "costs" in doc:
-      row["predicted_speedup"] = mean / (doc["costs"]["v"][str(nodes + 1)]
-                                         + depth * doc["costs"]["c"])
     doc["rows"].append(row)
     print(f"{label:12s} N={nodes:2d} D={depth} {rule:7s} T={temp:g}: {mean:.3f} "
           f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
+    atomic_write_json(_OUT.value, doc)
+  if _COSTS.value:  # after the decoding runs: v(k) up to the widest call, c
+    widest = max(r["nodes"] for r in doc["rows"]) + 1
+    t0 = time.perf_counter()
+    v = studies.verify_cost_curve(models.target_params, models.target_config, batch=1,
+                                  context=128, max_tokens=widest, repeats=20)
+    c = studies.cost_coefficient(models.target_params, models.target_config, draft_params,
+                                 draft_cfg, batch=1, context=128, repeats=20)
+    doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
+                        seconds=time.perf_counter() - t0)
+    doc["timing_note"] = ("v(k) and c were timed on a shared machine (another session's "
+                          "work may have run): load average (1, 5, 15 min) just before "
+                          "the timing %s" % (os.getloadavg(),))
+    print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
+    for row in doc["rows"]:
+      row["predicted_speedup"] = row["tokens_per_call"] / (
+          v[row["nodes"] + 1] + row["depth"] * c)
     atomic_write_json(_OUT.value, doc)
   with open(os.path.splitext(_OUT.value)[0] + ".csv", "w", newline="") as f:
     w = csv.writer(f)

@@ -6,7 +6,9 @@ exact probability of each of the 4^3 = 64 continuations is enumerated (one forwa
 all of them, after the same warp) and ROWS tree-decoded rows (one batched call, each row
 its own key stream) are compared by a chi-square test with cells expected below 5
 pooled. Each case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (three
-cases: at most 0.3% for the file); seeds are fixed, so the outcome is deterministic.
+cases: at most 0.3% for the file); seeds are fixed, so the outcome is deterministic. The
+negative control (no residual after a rejection) must fail it. Cases marked slow (more
+shapes and kinds of the same checks, the control) run in `make test-all`.
 """
 
 import itertools
@@ -55,9 +57,14 @@ def generate(pair, prompts=PROMPTS, **kw):
   return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
 
 
-@pytest.mark.parametrize("kind", ["model", "feature"])
-@pytest.mark.parametrize("shape", SHAPES, ids=["2x2", "3x1x1"])
-@pytest.mark.parametrize("rule", ["sampled", "topk"])
+GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
+                ("feature", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
+                ("model", SHAPES[1], "topk"), ("feature", SHAPES[1], "sampled"),
+                pytest.param("model", SHAPES[1], "sampled", marks=pytest.mark.slow),
+                pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES)
 def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind, shape, rule):
   pair = model_pair if kind == "model" else feature_pair
   target, tp = pair[:2]
@@ -137,7 +144,8 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
                                  feats[b, old[b]:old[b] + emitted[b]], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,rule", [("model", "sampled"), ("feature", "topk")])
+@pytest.mark.parametrize("kind,rule", [
+    ("model", "sampled"), pytest.param("feature", "topk", marks=pytest.mark.slow)])
 def test_row_output_independent_of_batch_companions(model_pair, feature_pair, kind, rule):
   pair = model_pair if kind == "model" else feature_pair
   kw = dict(sampling=SamplingConfig(1.0), tree=SHAPES[0], tree_rule=rule, prompt_width=6)
@@ -182,13 +190,11 @@ def exact_sequence_probs(config, params, sampling) -> np.ndarray:
 
 
 LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
-             ("feature", (2, 1), "sampled", 2)]
+             pytest.param("feature", (2, 1), "sampled", 2, marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("kind,branching,rule,seed", LAW_CASES)
-def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, kind,
-                                                   branching, rule, seed):
-  pair = law_pair if kind == "model" else law_feature_pair
+def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float:
+  """The chi-square p-value of ROWS tree-decoded continuations against the exact law."""
   target, tp, draft, dp = pair
   sampling = SamplingConfig(temperature=1.0)
   exact = exact_sequence_probs(target, tp, sampling)
@@ -198,10 +204,32 @@ def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, k
                              sampling=sampling, seed=seed,
                              tree=TreeShape.from_branching(branching), tree_rule=rule)
   assert (out.lengths == NEW).all()
-  assert 0.2 < out.acceptance_rate() < 0.95  # the draft is neither useless nor the target
+  if not control:  # the draft is neither useless nor the target
+    assert 0.2 < out.acceptance_rate() < 0.95
   index = (out.tokens * VOCAB ** np.arange(NEW - 1, -1, -1)).sum(axis=1)
-  pvalue = chi_square_pvalue(index, exact)
+  return chi_square_pvalue(index, exact)
+
+
+@pytest.mark.parametrize("kind,branching,rule,seed", LAW_CASES)
+def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, kind,
+                                                   branching, rule, seed):
+  pair = law_pair if kind == "model" else law_feature_pair
+  pvalue = tree_law_pvalue(pair, branching, rule, seed)
   assert pvalue > SIGNIFICANCE, pvalue
+
+
+@pytest.mark.slow
+def test_negative_control_without_residual_fails(law_pair, monkeypatch):
+  """Keeping p after a rejection (no residual) must fail the same test: it has the power."""
+  import functools
+  from specdec_jax import tree_decode
+  monkeypatch.setattr(tree_decode, "tree_verify", functools.partial(
+      tree_decode.tree_verify, residual_fn=lambda p, q: p))
+  jax.clear_caches()  # the loop compiled by the exact test above would hide the patch
+  try:
+    assert tree_law_pvalue(law_pair, (2, 2), "sampled", 0, control=True) < SIGNIFICANCE
+  finally:
+    jax.clear_caches()  # nor may the patched loop serve a later test
 
 
 # ------------------------------------------------------------------------ bad input
