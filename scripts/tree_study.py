@@ -14,11 +14,11 @@ argmax (duplicates): a chain of depth D with extra copies, so it is not run.
 
 No timing is needed for the tokens per call, so the study may share the machine. It also
 records v(k) = t(k tokens) / t(1 token) of the target (`studies.verify_cost_curve`,
-batch 1, context 128, k up to the widest call, after the decoding runs) and c (`studies.cost_coefficient`), and gives a
-predicted speedup tokens_per_call / (v(N+1) + D c) per configuration (D draft calls per
-step, γ for a chain); those timings are only as good as the machine was idle (the JSON's
-`timing_note`). Writes the JSON (with the machine stamp) after every configuration and a
-CSV next to it.
+batch 1, context 128, k up to the widest call, after the decoding runs) and c
+(`studies.cost_coefficient`), and gives a predicted speedup tokens_per_call / (v(N+1) + D c)
+per configuration (D draft calls per step, γ for a chain); those timings are only as good
+as the machine was idle (the JSON's `timing_note`). Writes the JSON (with the machine
+stamp) after every configuration and a CSV next to it.
 """
 
 import csv
@@ -26,7 +26,6 @@ import os
 import time
 
 import _bootstrap  # repository root on sys.path; run(main)
-import numpy as np
 from absl import flags, logging
 
 from configs import smollm2_135m
