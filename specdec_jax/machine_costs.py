@@ -106,24 +106,25 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
                          draft_cache=draft_cache)
 
   def timed_loop(step, start):
-    loop = jax.jit(lambda s: jax.lax.fori_loop(
-        0, steps, lambda i, x: step(rewound(x, s)), s).tokens)
-    return lambda: jax.block_until_ready(loop(start))
+    # params are arguments, as in the decode loop (closed over, XLA folds them as constants)
+    loop = jax.jit(lambda tp, dp, s: jax.lax.fori_loop(
+        0, steps, lambda i, x: step(tp, dp, rewound(x, s)), s).tokens)
+    return lambda: jax.block_until_ready(loop(target_params, draft_params, start))
 
   fns = {}
   plain = speculative.init_state_jit(target_params, None, tokens, prompt_len, row_keys,
                                      target_config=target_config, draft_config=None, gamma=0,
                                      max_new_tokens=common["max_new_tokens"])
-  fns["plain"] = timed_loop(lambda x: speculative.autoregressive_step_fn(
-      target_params, x, **common), plain)
+  fns["plain"] = timed_loop(lambda tp, dp, x: speculative.autoregressive_step_fn(
+      tp, x, **common), plain)
   start = speculative.init_state_jit(target_params, draft_params, tokens, prompt_len, row_keys,
                                      target_config=target_config, draft_config=draft_config,
                                      gamma=gamma_max, max_new_tokens=common["max_new_tokens"],
                                      adaptive_gamma=True)
   verify_fn = speculative.resolve_verifier(verifier)
   for width in range(1, gamma_max + 2):
-    fns[width] = timed_loop(lambda x, width=width: speculative.speculative_step_fn(
-        target_params, draft_params, x, draft_config=draft_config, gamma=gamma_max,
+    fns[width] = timed_loop(lambda tp, dp, x, width=width: speculative.speculative_step_fn(
+        tp, dp, x, draft_config=draft_config, gamma=gamma_max,
         verifier=verify_fn, costs=costs, width=width, **common), start)
   for fn in fns.values():  # compile
     fn()
