@@ -11,6 +11,7 @@ figure always names its command, machine and commit. Five kinds of file:
                make test]}
   prompt_set   scripts/benchmark.py --out over a prompt set (specdec_jax/results_tables.py)
   distill_curve  scripts/distill.py's report.json: α per corpus at each evaluation
+  tree_study   scripts/tree_study.py --out: tokens per target call of token trees and chains
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -42,7 +43,7 @@ class Section:
 
   anchor: str  # the HTML anchor in docs/results.md
   path: str  # relative to RESULTS_DIR
-  kind: str  # 'benchmark' | 'sweep' | 'fresh_clone' | 'prompt_set' | 'distill_curve'
+  kind: str  # one of TABLES: 'benchmark', 'prompt_set', 'tree_study', ...
   title: str
   about: str  # one paragraph: what was measured, how to read it
   # The measuring command after `python` (scripts/measure_results.py); '{draft}' stands for
@@ -120,6 +121,14 @@ SECTIONS = (
             "results-measure`: the file is the report.json of `make distill` "
             "(configs/distill_feature_shipped.py), copied here by scripts/export_draft.py.",
             made_by="make distill"),
+    Section("trees", "tree_tokens_per_call.json", "tree_study",
+            "Token trees against chains: tokens per target call on the held-out set",
+            "Every held-out prompt in one batch, decoded with the shipped feature draft by "
+            "chains (block verifier) and by token trees (`tree_decode`; rule 'topk' at T = 0, "
+            "both rules at T = 1). Tokens per target call need no timing; the predicted "
+            "speedup divides them by this machine's cost of the tree's target call and its D "
+            "draft calls.",
+            ("scripts/tree_study.py", f"--out={RESULTS_DIR}/tree_tokens_per_call.json")),
 )
 
 
@@ -260,9 +269,11 @@ def minutes(seconds: float) -> str:
 
 TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table,
           "prompt_set": results_tables.prompt_set_table,
-          "distill_curve": results_tables.distill_table}
+          "distill_curve": results_tables.distill_table,
+          "tree_study": results_tables.tree_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
-             "distill_curve": results_tables.distill_headline}
+             "distill_curve": results_tables.distill_headline,
+             "tree_study": results_tables.tree_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

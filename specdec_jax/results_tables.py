@@ -4,6 +4,8 @@
                  'meta', 'rows': [one per γ, verifier, each with 'prompts' and 'domains']}
   distill_curve  scripts/distill.py's workdir/report.json: {'stamp', 'config', 'eval_before',
                  'evals': [{'step', 'alpha_t0', '<corpus>/alpha_t0', ...}], ...}
+  tree_study     scripts/tree_study.py --out: {'stamp', 'meta', 'rows': [one per chain or
+                 tree, rule and T: 'tokens_per_call', 'ci95', 'predicted_speedup'], 'costs'}
 
 Pure functions of the JSON, as the rest of the page; a missing optional field renders
 as '–' or is left out, never an error.
@@ -269,3 +271,55 @@ def plot_distill_curve(ax, doc: dict) -> None:
   ax.set_xlabel("target tokens seen in training" if use_tokens else "training step")
   ax.set_ylabel("held-out α")
   ax.set_ylim(0, 1)
+
+
+# --------------------------------------------------------------------------- token trees
+
+def _tree_cell(row: dict) -> str:
+  low, high = (row.get("ci95") or [None, None])[:2]
+  est = num(row.get("tokens_per_call"), ".2f")
+  return est if low is None else f"{est} [{num(low, '.2f')}, {num(high, '.2f')}]"
+
+
+def tree_table(doc: dict) -> list[str]:
+  """Tokens per target call (95% interval over prompts) and the predicted speedup from
+  this machine's v(N+1) and c, per chain or tree, rule and temperature."""
+  meta, costs = doc.get("meta", {}), doc.get("costs", {})
+  lines = [f"Prompt set `{meta.get('prompt_set', '?')}` ({meta.get('prompts', '?')} prompts "
+           f"in one batch), {meta.get('max_new_tokens', '?')} new tokens, draft "
+           f"`{meta.get('draft', '?')}` alone (no lookup), seed {meta.get('seed', '?')}.", ""]
+  rows = []
+  for r in doc.get("rows", []):
+    rows.append([r["config"], str(r["nodes"]), str(r["depth"]), r["rule"],
+                 f"{r['temperature']:g}", _tree_cell(r),
+                 num(costs.get("v", {}).get(str(r["nodes"] + 1)), ".2f"),
+                 num(r.get("predicted_speedup"), ".2f") + ("x" if r.get("predicted_speedup")
+                                                            else "")])
+  lines += table(["shape", "nodes N", "depth D", "rule", "T", "tokens per target call [95%]",
+                  "v(N+1)", "predicted speedup"], rows)
+  if costs:
+    lines += ["", f"Predicted speedup = tokens per call / (v(N+1) + D c), c = "
+              f"{num(costs.get('c'), '.3f')}, v(k) of the target at batch "
+              f"{costs.get('batch', '?')}, context {costs.get('context', '?')}."]
+  if doc.get("timing_note"):
+    lines += ["", doc["timing_note"]]
+  return lines
+
+
+def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """The best tree's tokens per call over the best chain's, at each temperature."""
+  out = []
+  for t in sorted({r["temperature"] for r in doc.get("rows", [])}):
+    rows = [r for r in doc["rows"] if r["temperature"] == t]
+    chains = [r for r in rows if r["kind"] == "chain"]
+    trees = [r for r in rows if r["kind"] == "tree"]
+    if not chains or not trees:
+      continue
+    chain = max(chains, key=lambda r: r["tokens_per_call"])
+    tree = max(trees, key=lambda r: r["tokens_per_call"])
+    out.append((f"{title}, T = {t:g}: best tree's tokens per target call over the best "
+                f"chain's",
+                f"{tree['tokens_per_call'] / chain['tokens_per_call']:.2f}x "
+                f"({tree['config']} {tree['rule']}: {_tree_cell(tree)}; {chain['config']}: "
+                f"{_tree_cell(chain)})"))
+  return out or [(title, "no rows")]

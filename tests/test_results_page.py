@@ -258,3 +258,30 @@ def test_heldout_sections_measure_the_prompt_set_config():
     assert s.argv == ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py", *extra,
                       f"--out={results_page.RESULTS_DIR}/{s.path}")
   assert by_anchor["distill"].argv == () and by_anchor["distill"].kind == "distill_curve"
+
+
+TREES = dict(
+    stamp=DISTILL["stamp"],
+    meta=dict(prompt_set="configs/prompts/heldout.json", prompts=30, max_new_tokens=32,
+              draft="saved:drafts/smollm2_feature_v1", seed=0),
+    rows=[dict(config="chain 4", kind="chain", nodes=4, depth=4, rule="block", temperature=0.0,
+               tokens_per_call=1.6, ci95=[1.5, 1.7], predicted_speedup=1.1),
+          dict(config="tree 3x2x1", kind="tree", nodes=15, depth=3, rule="topk",
+               temperature=0.0, tokens_per_call=2.0, ci95=[1.9, 2.1], predicted_speedup=0.9),
+          dict(config="chain 1", kind="chain", nodes=1, depth=1, rule="block", temperature=1.0,
+               tokens_per_call=1.4, ci95=[1.3, 1.5])],
+    costs=dict(v={"2": 1.3, "5": 1.4, "16": 2.1}, c=0.05, batch=1, context=128))
+
+
+def test_tree_study_table_and_headline(tmp_path):
+  """Per row its tokens per call with the interval, v(N+1) and the prediction; the README
+  quotes the best tree over the best chain where a temperature has both."""
+  root = make_root(tmp_path, {"tree_tokens_per_call.json": TREES})
+  files = results_page.expected_files(root)
+  page, readme = files[results_page.PAGE], files[results_page.README]
+  assert "| tree 3x2x1 | 15 | 3 | topk | 0 | 2.00 [1.90, 2.10] | 2.10 | 0.90x |" in page
+  assert "| chain 1 | 1 | 1 | block | 1 | 1.40 [1.30, 1.50] | 1.30 | – |" in page
+  assert "c = 0.050" in page
+  assert ("T = 0: best tree's tokens per target call over the best chain's | 1.25x (tree "
+          "3x2x1 topk: 2.00 [1.90, 2.10]; chain 4: 1.60 [1.50, 1.70])") in readme
+  assert "T = 1: best tree" not in readme  # no tree at T = 1
