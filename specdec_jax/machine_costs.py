@@ -100,7 +100,8 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
     if draft_cache is not None:
       draft_cache = with_length(draft_cache, start.draft_cache["length"])
     return state.replace(num_tokens=start.num_tokens, done=start.done, step=start.step,
-                         alpha_estimate=start.alpha_estimate, features=start.features,
+                         alpha_estimate=start.alpha_estimate, plain_run=start.plain_run,
+                         features=start.features,
                          target_cache=with_length(state.target_cache,
                                                   start.target_cache["length"]),
                          draft_cache=draft_cache)

@@ -59,6 +59,18 @@ copies of both caches); the single jitted `speculative_step` picks the width wit
 cache and features stay those of the emitted tokens. With a fixed γ and no lookup the
 step is the single width G+1, unchanged.
 
+Plain steps skip the draft (gamma='auto' with a feature or hybrid draft). The re-read and
+`features` are FEATURE_LAG positions wider (G+1+L), and the caches and token buffer L
+slots longer. A step in which no live row proposes (γ_b = 0) or probes, and every live
+row's ℓ - ℓ_d <= G+L-1, calls the target alone at width 1 (`may_skip_draft`): the draft
+cache keeps ℓ_d and the target's features at ℓ join `features` at index ℓ - ℓ_d + 1, so
+the next drafting step's re-read (ℓ_d..ℓ, now up to G+L+1 positions) reads true features
+for every skipped token, as if it had never been skipped (a test compares with a fresh
+prefill). A row's γ_b = 0 steps observe q_1 for α̂ only on its probes, every FEATURE_LAG-th
+γ_b = 0 step of the row (`probes`, counted in `plain_run`), on which the draft runs: what a
+row observes, and so every choice and token, depends on its own past only, not on whether
+its neighbours made the step skip.
+
 Key schedule (one root per row; nothing depends on batch size or layout):
   row_key[b]      = fold_in(PRNGKey(seed[b]), row_id[b])
   step_key[b, s]  = fold_in(row_key[b], s)             s = loop step, 0-based
@@ -95,6 +107,10 @@ Array = jax.Array
 Verifier = Callable[..., tuple[Array, Array]]
 # The verifiers a config or script names: token-wise (Leviathan et al.) or block (Sun et al.).
 VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
+# gamma='auto' with a feature draft: plain steps (no row proposes) may skip the draft for up
+# to this many positions beyond the G+1 its re-read covers; the re-read and `features` are
+# then FEATURE_LAG positions wider (module docstring, "Plain steps skip the draft").
+FEATURE_LAG = 4
 # Block verification is the default: it accepts the same tokens greedily, and never fewer
 # in expectation when sampling (exact tests; README: +2-6% tokens per call at T=1).
 DEFAULT_VERIFIER = "block"
@@ -132,6 +148,7 @@ class DecodeState:
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
   gammas: Array  # int32 [B,M], drafts proposed per row per step (γ_b); -1 where it idled
   alpha_estimate: Array | None = None  # float32 [B], α̂ of gamma='auto' (`adaptive`)
+  plain_run: Array | None = None  # int32 [B], γ_b = 0 steps since the row's last probe
 
 
 # --------------------------------------------------------------------------- checks
@@ -256,13 +273,16 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         target_config: ModelConfig, draft_config: DraftConfig, gamma: int,
                         sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
                         max_new_tokens: int, verifier: Verifier = block_verify,
-                        costs: Array | None = None, width: int | None = None) -> DecodeState:
+                        costs: Array | None = None, width: int | None = None,
+                        skip_draft: bool = False) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted.
 
   costs: float32 [G+1] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
   None for a fixed γ. width: the call width this step takes, when the caller has chosen
   it (`decode_loop`: the width `adaptive.width_index` picks from this state); None picks
-  it here, a `lax.switch` over `step_widths` where there are several.
+  it here, a `lax.switch` over `step_widths` where there are several. skip_draft (width
+  1, a feature draft, `may_skip_draft` true): a plain step that leaves the feature draft
+  behind (module docstring, "Plain steps skip the draft").
   """
   warp_fn = functools.partial(_warp_vocab, vocab=vocab_size, temperature=sampling.temperature,
                               top_k=sampling.top_k, top_p=sampling.top_p)
@@ -286,7 +306,11 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
     pad=False keeps xs [B,d], qs [B,d,V], ps [B,width,V]."""
     def run():
       d = max(width - 1, 1)
-      if draft_config.kind == "ngram":
+      if skip_draft:  # nothing proposed, the draft not called (its cache stays at ℓ_d)
+        xs = jnp.zeros((length.shape[0], 1), jnp.int32)
+        qs = jnp.zeros((length.shape[0], 1, vocab_size), jnp.float32)
+        draft_cache = state.draft_cache
+      elif draft_config.kind == "ngram":
         xs = looked[:, :d]
         qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
         draft_cache = None
@@ -301,8 +325,12 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                     hidden_layers=feature_part(draft_config).feature_layers if feature else ())
       ps = warp_fn(out[0])  # [B,k,V]
       features = out[2].astype(state.features.dtype) if feature else None
-      if feature:
-        features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
+      if skip_draft:  # the target's features at ℓ join the buffer at index ℓ - ℓ_d + 1
+        at = length - state.draft_cache["length"] + 1
+        features = jax.vmap(lambda row, f, i: jax.lax.dynamic_update_slice(row, f, (i, 0)))(
+            state.features, features, at)
+      elif feature:
+        features = jnp.pad(features, ((0, 0), (0, state.features.shape[1] - width), (0, 0)))
       if pad and width < gamma + 1:
         # Pad to G: zero q rows are never proposals, and the p rows past k (finite copies
         # of p_k) are never drawn from, since every row's γ_b <= k - 1.
@@ -340,15 +368,22 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
       accepted=state.accepted.at[:, state.step].set(jnp.where(live, num_accepted, -1)),
       accept_prob=state.accept_prob.at[:, state.step].set(beta),
       gammas=state.gammas.at[:, state.step].set(jnp.where(live, chosen, -1)))
-  if costs is not None:  # observed: proposed (or q_1 of a γ_b = 0 step) and reached
+  if costs is not None and not skip_draft:  # observed: proposed (or q_1 of γ_b = 0), reached
     j = jnp.arange(gamma)[None, :]
     observed = (proposes[:, None] & (j <= num_accepted[:, None])
                 & (j < jnp.maximum(chosen, 1)[:, None]))
+    if state.plain_run is not None:  # with a feature lag, a γ_b = 0 row observes q_1 only
+      observed = observed & ((chosen > 0) | probes(state, chosen))[:, None]  # on its probes
     state = state.replace(
         alpha_estimate=adaptive.update_alpha(state.alpha_estimate, beta, observed))
+  if state.plain_run is not None:
+    state = state.replace(plain_run=jnp.where((chosen > 0) | probes(state, chosen), 0,
+                                              state.plain_run + 1))
   state, _ = _emit(state, block, num_accepted + 1, eos_id=eos_id, max_new_tokens=max_new_tokens)
   new_length = state.num_tokens - 1
-  if feature:  # the re-read of the next step starts right after the pending token t
+  if skip_draft:  # ℓ_d stays: the next drafting step's re-read covers the skipped tokens
+    state = state.replace(features=features)
+  elif feature:  # the re-read of the next step starts right after the pending token t
     state = state.replace(features=features)
     draft_cache = with_length(draft_cache, length + 1)
   elif draft_cache is not None:
@@ -395,6 +430,27 @@ autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=(
 
 # --------------------------------------------------------------------------- loops
 
+def feature_lag(draft_config, adaptive_gamma: bool) -> int:
+  """Positions a feature draft may fall behind on plain steps: FEATURE_LAG with
+  gamma='auto', else 0 (a fixed γ drafts every step)."""
+  return FEATURE_LAG if adaptive_gamma and feature_part(draft_config) is not None else 0
+
+
+def probes(state: DecodeState, chosen: Array) -> Array:
+  """bool [B]: rows whose draft runs for q_1 this step though they propose nothing: every
+  FEATURE_LAG-th γ_b = 0 step in a row (a function of the row's own past)."""
+  return (chosen == 0) & (state.plain_run >= FEATURE_LAG - 1)
+
+
+def may_skip_draft(state: DecodeState, chosen: Array) -> Array:
+  """bool []: this step may skip a feature draft (module docstring, "Plain steps skip the
+  draft"): no live row proposes or probes, and every live row's re-read still covers one
+  more position after it. chosen int32 [B] (γ_b of `step_plan`)."""
+  behind = state.num_tokens - 1 - state.draft_cache["length"]  # ℓ - ℓ_d [B]
+  room = behind <= state.features.shape[1] - 2
+  return jnp.all(state.done | ((chosen == 0) & ~probes(state, chosen) & room))
+
+
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
                *, target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
                max_new_tokens: int, mesh=None, adaptive_gamma: bool = False) -> DecodeState:
@@ -403,17 +459,19 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches are pinned to
   `sharding.cache_sharding` (batch over 'data', kv heads over 'model').
   adaptive_gamma: gamma='auto' (gamma = γ_max): every row's α̂ starts at
-  `adaptive.ALPHA_PRIOR`.
+  `adaptive.ALPHA_PRIOR`; a feature draft's re-read and features get FEATURE_LAG more
+  positions, the caches and token buffer FEATURE_LAG more slots (`feature_lag`).
 
   A feature draft reads the target's prefill features shifted by one position
   (position 0 gets zeros) and starts with ℓ_d = ℓ (see the module docstring).
   """
   batch, width = tokens.shape
-  slots = width + max_new_tokens + gamma
   positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), tokens.shape)
   draft_config = feature_part(draft_config) or draft_config  # a hybrid prefills as its feature
   feature = draft_config is not None and draft_config.kind == "feature"
   layers = draft_config.feature_layers if feature else ()
+  lag = feature_lag(draft_config, adaptive_gamma)
+  slots = width + max_new_tokens + gamma + lag
 
   def empty_cache(config):
     cache = init_cache(config, batch, slots)
@@ -425,21 +483,21 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   draft_cache = features = None
   if feature:
     f = out[2]  # [B,W,F]: the target's features at positions 0..W-1
-    shifted = jnp.pad(f, ((0, 0), (1, gamma), (0, 0)))  # shifted[:, j] = f[:, j-1]
+    shifted = jnp.pad(f, ((0, 0), (1, gamma + lag), (0, 0)))  # shifted[:, j] = f[:, j-1]
     _, draft_cache = forward(draft_params, tokens, positions,
                              empty_cache(draft_config), config=draft_config,
                              return_logits=False, input_embed=target_params["embed"],
                              target_features=shifted[:, :width])
     draft_cache = with_length(draft_cache, prompt_len - 1)
-    features = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(row, at, gamma + 1))(
-        shifted, prompt_len - 1)
+    features = jax.vmap(lambda row, at: jax.lax.dynamic_slice_in_dim(
+        row, at, gamma + 1 + lag))(shifted, prompt_len - 1)
   elif draft_config is not None and draft_config.kind == "model":
     _, draft_cache = forward(draft_params, tokens, positions,
                              empty_cache(draft_config), config=draft_config,
                              return_logits=False)
     draft_cache = with_length(draft_cache, prompt_len - 1)
 
-  buffer = jnp.zeros((batch, width + max_new_tokens + gamma + 1), jnp.int32)
+  buffer = jnp.zeros((batch, width + max_new_tokens + gamma + lag + 1), jnp.int32)
   return DecodeState(
       tokens=jax.lax.dynamic_update_slice(buffer, tokens, (0, 0)),
       num_tokens=prompt_len,
@@ -455,6 +513,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       gammas=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       alpha_estimate=(jnp.full((batch,), adaptive.ALPHA_PRIOR, jnp.float32)
                       if adaptive_gamma else None),
+      plain_run=jnp.zeros((batch,), jnp.int32) if lag else None,
   )
 
 
@@ -513,18 +572,26 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
 
   # Several call widths: one inner while_loop per width, each taking the steps whose
   # chosen width is its own, in turn (module docstring). No step runs under a
-  # conditional, whose branches XLA:CPU gives copies of both caches.
-  def width_of(s):
+  # conditional, whose branches XLA:CPU gives copies of both caches. With a feature lag,
+  # kind 0 is the plain step that skips the draft.
+  skips = feature_lag(draft_config, costs is not None) > 0
+  kinds = ([dict(width=1, skip_draft=True)] if skips else []) + [
+      dict(width=k) for k in widths]
+
+  def kind_of(s):
     chosen, _, _ = step_plan(s, draft_config=draft_config, gamma=gamma, costs=costs)
-    return adaptive.width_index(widths, chosen)
+    index = adaptive.width_index(widths, chosen)
+    if not skips:
+      return index
+    return jnp.where(may_skip_draft(s, chosen), 0, index + 1)
 
   def steps_at(state, index):
     return jax.lax.while_loop(
-        lambda s: jnp.any(~s.done) & (s.step < max_new_tokens) & (width_of(s) == index),
-        functools.partial(body, width=widths[index]), state)
+        lambda s: jnp.any(~s.done) & (s.step < max_new_tokens) & (kind_of(s) == index),
+        functools.partial(body, **kinds[index]), state)
 
   return jax.lax.while_loop(
-      cond, lambda s: functools.reduce(steps_at, range(len(widths)), s), state)
+      cond, lambda s: functools.reduce(steps_at, range(len(kinds)), s), state)
 
 
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
@@ -590,12 +657,14 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
   if eos_id is not None and not 0 <= eos_id < vocab:
     raise ValueError(f"eos_id must lie in [0, {vocab}), got {eos_id!r}")
   g = gamma if draft_config is not None else 0
-  need = tokens.shape[1] + max_new_tokens + g
+  lag = feature_lag(draft_config, cost_array is not None)
+  need = tokens.shape[1] + max_new_tokens + g + lag
   for name, cfg in (("target", target_config), ("draft", draft_config)):
     if cfg is not None and cfg.kind != "ngram" and need > cfg.max_seq_len:
       raise ValueError(
           f"prompt ({tokens.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) + gamma ({g}) "
-          f"= {need} exceeds the {name} cache (max_seq_len={cfg.max_seq_len})")
+          + (f"+ the feature draft's lag ({lag}) " if lag else "")
+          + f"= {need} exceeds the {name} cache (max_seq_len={cfg.max_seq_len})")
   batch = tokens.shape[0]
   row_ids = np.arange(batch) if row_ids is None else np.asarray(row_ids)
   if row_ids.shape != (batch,) or not np.issubdtype(row_ids.dtype, np.integer):

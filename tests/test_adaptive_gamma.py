@@ -219,6 +219,61 @@ def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   assert len(np.unique(first.gammas[first.gammas >= 0])) > 1
 
 
+def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
+  """Plain steps that skip the feature draft, then a drafting step, draw the drafts of a
+  state freshly prefilled with the same tokens: its re-read covers the skipped positions
+  with the target's true features (β = Σ min(p, q) equal to float rounding, T=1)."""
+  target, tp, draft, dp = greedy_pairs["feature"]
+  sampling = SamplingConfig(temperature=1.0)
+  args = spec.prepare_generate(PROMPTS[1:2], target_config=target, draft_config=draft,
+                               gamma="auto", gamma_max=GAMMA_MAX, costs=SWITCHING,
+                               max_new_tokens=8, sampling=sampling, seed=5, row_ids=None,
+                               eos_id=None, pad_id=0, vocab_size=None, verifier=None)
+  statics = {k: args.statics[k] for k in ("target_config", "sampling", "vocab_size", "eos_id",
+                                          "max_new_tokens")}
+  step = jax.jit(functools.partial(spec.speculative_step_fn, draft_config=draft,
+                                   gamma=GAMMA_MAX, verifier=block_verify, costs=args.costs,
+                                   **statics), static_argnames=("width", "skip_draft"))
+  init = functools.partial(spec.init_state_jit, target_config=target, draft_config=draft,
+                           gamma=GAMMA_MAX, max_new_tokens=8, adaptive_gamma=True)
+  state = init(tp, dp, args.tokens, args.prompt_len, args.row_keys)
+  assert bool(spec.may_skip_draft(state, np.zeros(1, np.int32)))
+  for _ in range(3):
+    state = step(tp, dp, state, width=1, skip_draft=True)
+  n = int(state.num_tokens[0])
+  assert n == 5 + 3 and int(state.draft_cache["length"][0]) == 4  # ℓ_d stayed at the prompt
+  lagged = step(tp, dp, state, width=GAMMA_MAX + 1)
+  fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, args.row_keys)
+  fresh = step(tp, dp, fresh.replace(step=state.step, alpha_estimate=state.alpha_estimate,
+                                     plain_run=state.plain_run), width=GAMMA_MAX + 1)
+  np.testing.assert_allclose(lagged.accept_prob[0, 3], fresh.accept_prob[0, 3], atol=1e-5)
+  assert lagged.accept_prob[0, 3, 0] > 0
+  np.testing.assert_array_equal(lagged.tokens[0, :int(lagged.num_tokens[0])],
+                                fresh.tokens[0, :int(fresh.num_tokens[0])])
+
+
+def test_feature_draft_skips_plain_steps_and_probes(greedy_pairs):
+  """Under a table where nothing pays, a feature draft's rows take plain steps; the draft
+  runs on every FEATURE_LAG-th of them only (its probes observe q_1), and the tokens stay
+  those of greedy autoregressive decoding."""
+  target, tp, draft, dp = greedy_pairs["feature"]
+  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
+                             max_new_tokens=12, sampling=GREEDY)
+  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
+                               sampling=GREEDY)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  assert (out.gammas[out.gammas >= 0] == 0).all()
+  # At T=1 β_1 > 0 wherever the draft ran: on steps 4, 8, 12 of each row only.
+  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
+                             max_new_tokens=12, sampling=SamplingConfig(temperature=1.0))
+  ran = np.asarray(out.accept_prob)[:, :12, 0] > 0
+  want = np.zeros(12, bool)
+  want[spec.FEATURE_LAG - 1::spec.FEATURE_LAG] = True
+  np.testing.assert_array_equal(ran, np.broadcast_to(want, ran.shape))
+
+
 def test_auto_gamma_compiles_one_loop(greedy_pairs):
   """Tables are traced inputs: other tables and seeds reuse the one compiled decode loop
   (every call width is a branch inside it); the jitted step compiles once too."""
