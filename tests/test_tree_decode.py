@@ -93,9 +93,9 @@ def _one_tree_step(pair, shape, rule, sampling, steps=2):
                                max_new_tokens=12, sampling=sampling, seed=0, row_ids=None,
                                eos_id=None, pad_id=0, vocab_size=None, verifier=None,
                                tree=shape, tree_rule=rule)
-  state = spec.init_state(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                          target_config=target, draft_config=draft, gamma=shape.num_nodes,
-                          max_new_tokens=12)
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                              target_config=target, draft_config=draft,
+                              gamma=shape.num_nodes, max_new_tokens=12)
   step = jax.jit(lambda s: tree_step_fn(
       tp, dp, s, target_config=target, draft_config=draft, shape=shape, rule=rule,
       sampling=sampling, vocab_size=8, eos_id=None, max_new_tokens=12))
@@ -108,8 +108,9 @@ def _one_tree_step(pair, shape, rule, sampling, steps=2):
 def _prefill(pair_config, params, tokens, **kw):
   b, w = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(w), (b, w))
-  return forward(params, tokens, positions, init_cache(pair_config, b, w), config=pair_config,
-                 return_logits=False, **kw)
+  run = jax.jit(lambda p, t, x: forward(p, t, x, init_cache(pair_config, b, w),
+                                         config=pair_config, return_logits=False, **kw))
+  return run(params, tokens, positions)
 
 
 @pytest.mark.parametrize("kind", ["model", "feature"])
