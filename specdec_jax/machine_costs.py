@@ -8,8 +8,8 @@ at batch B and a fixed context (`measure`), and, from `measure_steps`, the step 
 s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as R steps of the
 decode loop's own step function in one compiled `fori_loop` that rewinds the state to the
 same context before each step (so no step pays a copy of the caches), the median of
-`repeats` rounds, the widths and the plain step interleaved in each round. Timing takes seconds (plus one compile per width), so
-`load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use
+`repeats` rounds, the widths and the plain step interleaved in each round. Timing takes
+about two minutes on 2 cores (most of it compiling one loop per width), so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use
 runs/costs/, ignored by git) under a key of everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
