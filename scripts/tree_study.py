@@ -107,9 +107,9 @@ def main(_):
                                  draft_cfg, batch=1, context=128, repeats=20)
     doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
                         seconds=time.perf_counter() - t0)
-    doc["timing_note"] = ("v(k) and c were timed on a shared machine (another session's "
-                          "work may have run): load average (1, 5, 15 min) just before "
-                          "the timing %s" % (os.getloadavg(),))
+    doc["timing_note"] = ("v(k) and c were timed on a shared machine (other work may have "
+                          "run): load average (1, 5, 15 min) just before the timing %s"
+                          % (os.getloadavg(),))
     print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
     for row in doc["rows"]:
       row["predicted_speedup"] = row["tokens_per_call"] / (
