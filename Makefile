@@ -17,7 +17,7 @@ run: $(STAMP)
 	$(PY) scripts/run.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -m "not slow" --durations=20 tests
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q tests

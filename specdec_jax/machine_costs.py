@@ -166,7 +166,7 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
                  verifier=pair.verifier)
   path = cache_path(directory, key)
   if not path.exists():
-    log(f"measuring this machine's step costs once (about a minute; cached in {path.name} "
+    log(f"measuring this machine's step costs once (about two minutes; cached in {path.name} "
         f"under {os.path.basename(os.fspath(directory))}/) ...")
   table, _ = load_or_measure(directory, key, gamma_max, lambda: measure_steps(
       pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
