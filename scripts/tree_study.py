@@ -18,10 +18,12 @@ batch 1, context 128, k up to the widest call, after the decoding runs) and c
 (`studies.cost_coefficient`), and gives a predicted speedup tokens_per_call / (v(N+1) + D c)
 per configuration (D draft calls per step, γ for a chain); those timings are only as good
 as the machine was idle (the JSON's `timing_note`). Writes the JSON (with the machine
-stamp) after every configuration and a CSV next to it.
+stamp) after every configuration and a CSV next to it. `--costs_only` keeps the rows of
+--out and times v(k) and c again, for a machine that was busy during the study.
 """
 
 import csv
+import json
 import os
 import time
 
@@ -45,6 +47,9 @@ _SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1"],
 _CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4"], "chain gammas")
 _LIMIT = flags.DEFINE_integer("limit", 0, "use only the first N prompts (0 = all)")
 _COSTS = flags.DEFINE_bool("costs", True, "measure v(k) and c")
+_COSTS_ONLY = flags.DEFINE_bool("costs_only", False, "keep the rows of --out and time v(k) "
+                                "and c again (on an idle machine); its stamp goes to "
+                                "'costs_stamp'")
 PROMPT_SET = "configs/prompts/heldout.json"
 
 
@@ -73,6 +78,13 @@ def main(_):
   ids = prompt_sets.encode(models.tokenizer, prompts)
   width = max(len(p) for p in ids)
   new = _NEW.value
+  if _COSTS_ONLY.value:
+    with open(_OUT.value) as f:
+      doc = json.load(f)
+    doc["costs_stamp"] = machine_stamp()
+    time_costs(doc, models, draft_cfg, draft_params)
+    write_csv(doc)
+    return
   doc = dict(stamp=machine_stamp(), meta=dict(
       prompt_set=PROMPT_SET, prompts=len(ids), prompt_width=width, max_new_tokens=new,
       target=config.target, draft=config.draft, dtype=config.dtype, seed=0, eos=None,
@@ -99,22 +111,32 @@ def main(_):
           f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
     atomic_write_json(_OUT.value, doc)
   if _COSTS.value:  # after the decoding runs: v(k) up to the widest call, c
-    widest = max(r["nodes"] for r in doc["rows"]) + 1
-    t0 = time.perf_counter()
-    v = studies.verify_cost_curve(models.target_params, models.target_config, batch=1,
-                                  context=128, max_tokens=widest, repeats=20)
-    c = studies.cost_coefficient(models.target_params, models.target_config, draft_params,
-                                 draft_cfg, batch=1, context=128, repeats=20)
-    doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
-                        seconds=time.perf_counter() - t0)
-    doc["timing_note"] = ("v(k) and c were timed on a shared machine (other work may have "
-                          "run): load average (1, 5, 15 min) just before the timing %s"
-                          % (os.getloadavg(),))
-    print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
-    for row in doc["rows"]:
-      row["predicted_speedup"] = row["tokens_per_call"] / (
-          v[row["nodes"] + 1] + row["depth"] * c)
-    atomic_write_json(_OUT.value, doc)
+    time_costs(doc, models, draft_cfg, draft_params)
+  write_csv(doc)
+
+
+def time_costs(doc, models, draft_cfg, draft_params):
+  """v(k) up to the widest call and c into doc['costs']; each row's predicted speedup."""
+  widest = max(r["nodes"] for r in doc["rows"]) + 1
+  t0 = time.perf_counter()
+  v = studies.verify_cost_curve(models.target_params, models.target_config, batch=1,
+                                context=128, max_tokens=widest, repeats=20)
+  c = studies.cost_coefficient(models.target_params, models.target_config, draft_params,
+                               draft_cfg, batch=1, context=128, repeats=20)
+  doc["costs"] = dict(v={str(k): x for k, x in v.items()}, c=c, batch=1, context=128,
+                      seconds=time.perf_counter() - t0)
+  doc["timing_note"] = ("v(k) and c: load average (1, 5, 15 min) just before the timing "
+                        "%s" % (tuple(round(x, 2) for x in os.getloadavg()),)
+                        + ("; re-timed alone by `tree_study.py --costs_only` (costs_stamp)"
+                           if "costs_stamp" in doc else ""))
+  print(f"v = {doc['costs']['v']}\nc = {c:.3f}", flush=True)
+  for row in doc["rows"]:
+    row["predicted_speedup"] = row["tokens_per_call"] / (v[row["nodes"] + 1] + row["depth"] * c)
+  atomic_write_json(_OUT.value, doc)
+
+
+def write_csv(doc):
+  """The rows of doc as a CSV beside --out."""
   with open(os.path.splitext(_OUT.value)[0] + ".csv", "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["config", "kind", "nodes", "depth", "rule", "temperature", "tokens_per_call",
