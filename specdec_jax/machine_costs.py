@@ -8,9 +8,12 @@ at batch B and a fixed context (`measure`), and, from `measure_steps`, the step 
 s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as R steps of the
 decode loop's own step function in one compiled `fori_loop` that rewinds the state to the
 same context before each step (so no step pays a copy of the caches), the median of
-`repeats` rounds, the widths and the plain step interleaved in each round. Timing takes
-about two minutes on 2 cores (most of it compiling one loop per width), so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use
-runs/costs/, ignored by git) under a key of everything that changes it:
+`repeats` rounds, the widths and the plain step interleaved in each round. With a feature
+draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's
+probe cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it. Timing takes
+about two minutes on 2 cores (most of it compiling one loop per width), so
+`load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use runs/costs/,
+ignored by git) under a key of everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
   batch, context
@@ -49,7 +52,7 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
   if sampling is not None:
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=True)
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=2)  # s(0) per cycle
   return key
 
 
@@ -127,11 +130,19 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
     fns[width] = timed_loop(lambda tp, dp, x, width=width: speculative.speculative_step_fn(
         tp, dp, x, draft_config=draft_config, gamma=gamma_max,
         verifier=verify_fn, costs=costs, width=width, **common), start)
+  lag = speculative.feature_lag(draft_config, True)
+  if lag:  # the plain step that skips the feature draft
+    fns["skip"] = timed_loop(lambda tp, dp, x: speculative.speculative_step_fn(
+        tp, dp, x, draft_config=draft_config, gamma=gamma_max, verifier=verify_fn,
+        costs=costs, width=1, skip_draft=True, **common), start)
   for fn in fns.values():  # compile
     fn()
   seconds, _ = studies.interleaved_seconds(fns, repeats)
-  step_costs = tuple(float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2))
-  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=step_costs)
+  step_costs = [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
+  if lag:  # a γ = 0 row probes (runs the draft) on one plain step in FEATURE_LAG
+    skip = seconds["skip"] / seconds["plain"]
+    step_costs[0] = ((speculative.FEATURE_LAG - 1) * skip + step_costs[0]) / speculative.FEATURE_LAG
+  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=tuple(step_costs))
 
 
 def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
