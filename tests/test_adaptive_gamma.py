@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import (SIGNIFICANCE, chi_square_pvalue, greedy_draft_pair, tiny_config,
-                     tiny_model)
+from helpers import (SIGNIFICANCE, chi_square_pvalue, greedy_draft_pair, law_feature_pair,
+                     law_pair, tiny_config, tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax import adaptive, machine_costs, studies
 from specdec_jax import speculative as spec
@@ -44,17 +44,12 @@ PROMPT = [1, 3, 0]
 @pytest.fixture(scope="module")
 def pair():
   """test_exactness's pair (vocabulary 4)."""
-  target = tiny_config(vocab=4, layers=2, width=16, max_seq_len=16)
-  draft = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16)
-  return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
+  return law_pair(4)
 
 
 @pytest.fixture(scope="module")
 def feature_pair(pair):
-  target, tp = pair[:2]
-  draft = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
-                      feature_layers=(1, 2), feature_width=target.embed_dim)
-  return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+  return law_feature_pair(pair)
 
 
 def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):

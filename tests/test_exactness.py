@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
+from helpers import SIGNIFICANCE, chi_square_pvalue, law_feature_pair, law_pair, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
 from specdec_jax.model import forward, init_cache
 from specdec_jax.verify import block_verify, verify
@@ -30,9 +30,7 @@ PROMPT = [1, 3, 0]
 
 @pytest.fixture(scope="module")
 def pair():
-  target = tiny_config(vocab=VOCAB, layers=2, width=16, max_seq_len=16)
-  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16)
-  return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
+  return law_pair(VOCAB)
 
 
 def exact_sequence_probs(config, params, sampling: SamplingConfig) -> np.ndarray:
@@ -106,10 +104,7 @@ def test_vocabulary_subset_draft_follows_target_distribution(pair):
 @pytest.fixture(scope="module")
 def feature_pair(pair):
   """The same target with a feature draft (EAGLE-3 style) reading its layers 1 and 2."""
-  target, tp = pair[:2]
-  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
-                      feature_layers=(1, 2), feature_width=target.embed_dim)
-  return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+  return law_feature_pair(pair)
 
 
 FEATURE_CASES = [

@@ -132,10 +132,14 @@ PROMPT_SET = dict(
                         _domain("all", 4, 0.88, 0.63, 1.23, 0.275, 0.04, 0.51)])])
 
 
+def rendered(tmp_path, docs: dict) -> tuple[str, str]:
+  """(docs/results.md, README.md) as `make results` would write them from `docs`."""
+  files = results_page.expected_files(make_root(tmp_path, docs))
+  return files[results_page.PAGE], files[results_page.README]
+
+
 def test_prompt_set_page_shows_domains_intervals_and_the_overall_row(tmp_path):
-  root = make_root(tmp_path, {"benchmark_heldout_smollm2.json": PROMPT_SET})
-  files = results_page.expected_files(root)
-  page, readme = files[results_page.PAGE], files[results_page.README]
+  page, readme = rendered(tmp_path, {"benchmark_heldout_smollm2.json": PROMPT_SET})
   assert "temperature 0, γ auto (at most 2), verifier `block`, 64 new tokens, seed 0" in page
   assert "prompt set `configs/prompts/heldout.json` (4 prompts" in page
   assert "c = 0.056; verify cost v(k) = 1.00, 1.34, 1.31 for k = 1..3" in page
@@ -276,9 +280,7 @@ TREES = dict(
 def test_tree_study_table_and_headline(tmp_path):
   """Per row its tokens per call with the interval, v(N+1) and the prediction; the README
   quotes the best tree over the best chain where a temperature has both."""
-  root = make_root(tmp_path, {"tree_tokens_per_call.json": TREES})
-  files = results_page.expected_files(root)
-  page, readme = files[results_page.PAGE], files[results_page.README]
+  page, readme = rendered(tmp_path, {"tree_tokens_per_call.json": TREES})
   assert "| tree 3x2x1 | 15 | 3 | topk | 0 | 2.00 [1.90, 2.10] | 2.10 | 0.90x |" in page
   assert "| chain 1 | 1 | 1 | block | 1 | 1.40 [1.30, 1.50] | 1.30 | – |" in page
   assert "c = 0.050" in page

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
 from specdec_jax import speculative as spec
@@ -164,17 +165,12 @@ LAW_PROMPT = [1, 3, 0]
 
 @pytest.fixture(scope="module")
 def law_pair():
-  target = tiny_config(vocab=VOCAB, layers=2, width=16, max_seq_len=16)
-  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16)
-  return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
+  return helpers.law_pair(VOCAB)
 
 
 @pytest.fixture(scope="module")
 def law_feature_pair(law_pair):
-  target, tp = law_pair[:2]
-  draft = tiny_config(vocab=VOCAB, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
-                      feature_layers=(1, 2), feature_width=target.embed_dim)
-  return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+  return helpers.law_feature_pair(law_pair)
 
 
 def exact_sequence_probs(config, params, sampling) -> np.ndarray:
