@@ -1,11 +1,14 @@
 """Helpers shared by the tests: tiny random models and a chi-square check."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from specdec_jax.model import ModelConfig, init_params, param_shapes
+from specdec_jax.model import ModelConfig, forward, init_cache, init_params, param_shapes
+from specdec_jax.sampling import warp
 
 # A correct sampler fails a chi-square test at this level with probability 1e-3.
 SIGNIFICANCE = 1e-3
@@ -96,3 +99,17 @@ def law_feature_pair(pair):
                       tie_embeddings=False, feature_layers=(1, 2),
                       feature_width=target.embed_dim)
   return target, tp, draft, tiny_model(draft, 12, factor=4.0)
+
+
+def law_of_continuations(config, params, sampling, prompt, vocab: int, new: int) -> np.ndarray:
+  """[vocab**new]: the target's probability of every continuation of `new` tokens after
+  `prompt` (index = base-vocab digits, first token most significant), by one forward."""
+  seqs = np.array(list(itertools.product(range(vocab), repeat=new)), np.int32)
+  tokens = np.concatenate([np.tile(prompt, (len(seqs), 1)), seqs], axis=1)
+  positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+  logits, _ = forward(params, jnp.asarray(tokens), jnp.asarray(positions),
+                      init_cache(config, len(seqs), tokens.shape[1]), config=config)
+  probs = np.asarray(warp(logits, sampling.temperature, sampling.top_k, sampling.top_p),
+                     np.float64)
+  start = len(prompt) - 1
+  return probs[np.arange(len(seqs))[:, None], start + np.arange(new)[None, :], seqs].prod(1)

@@ -13,15 +13,13 @@ negative control, must fail the same test.
 """
 
 import functools
-import itertools
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, law_feature_pair, law_pair, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
-from specdec_jax.model import forward, init_cache
+from helpers import (SIGNIFICANCE, chi_square_pvalue, law_feature_pair, law_of_continuations,
+                     law_pair, tiny_model)
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax.verify import block_verify, verify
 
 VOCAB, NEW, ROWS = 4, 4, 40_000
@@ -35,16 +33,7 @@ def pair():
 
 def exact_sequence_probs(config, params, sampling: SamplingConfig) -> np.ndarray:
   """[VOCAB**NEW] target probability of every continuation, index = base-VOCAB digits."""
-  seqs = np.array(list(itertools.product(range(VOCAB), repeat=NEW)), np.int32)
-  tokens = np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], axis=1)
-  positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-  logits, _ = forward(params, jnp.asarray(tokens), jnp.asarray(positions),
-                      init_cache(config, len(seqs), tokens.shape[1]), config=config)
-  probs = np.asarray(warp(logits, sampling.temperature, sampling.top_k, sampling.top_p),
-                     np.float64)
-  start = len(PROMPT) - 1
-  steps = probs[np.arange(len(seqs))[:, None], start + np.arange(NEW)[None, :], seqs]
-  return steps.prod(axis=1)
+  return law_of_continuations(config, params, sampling, PROMPT, VOCAB, NEW)
 
 
 def sequence_index(tokens: np.ndarray) -> np.ndarray:

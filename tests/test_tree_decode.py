@@ -11,7 +11,6 @@ negative control (no residual after a rejection) must fail it. Cases marked slow
 shapes and kinds of the same checks, the control) run in `make test-all`.
 """
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +19,7 @@ import pytest
 
 import helpers
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax import speculative as spec
 from specdec_jax.model import forward, init_cache
 from specdec_jax.ngram import NgramDraft
@@ -175,15 +174,7 @@ def law_feature_pair(law_pair):
 
 def exact_sequence_probs(config, params, sampling) -> np.ndarray:
   """[VOCAB**NEW]: the target's probability of every continuation (base-VOCAB index)."""
-  seqs = np.array(list(itertools.product(range(VOCAB), repeat=NEW)), np.int32)
-  tokens = np.concatenate([np.tile(LAW_PROMPT, (len(seqs), 1)), seqs], axis=1)
-  positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-  logits, _ = forward(params, jnp.asarray(tokens), jnp.asarray(positions),
-                      init_cache(config, len(seqs), tokens.shape[1]), config=config)
-  probs = np.asarray(warp(logits, sampling.temperature, sampling.top_k, sampling.top_p),
-                     np.float64)
-  start = len(LAW_PROMPT) - 1
-  return probs[np.arange(len(seqs))[:, None], start + np.arange(NEW)[None, :], seqs].prod(1)
+  return helpers.law_of_continuations(config, params, sampling, LAW_PROMPT, VOCAB, NEW)
 
 
 LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
