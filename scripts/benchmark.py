@@ -44,7 +44,7 @@ from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
-from specdec_jax.tree_shapes import TreeShape
+from specdec_jax.tree_shapes import parse_tree
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (default: "
@@ -55,17 +55,13 @@ _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 
 
 def tree_options(config) -> dict:
-  """--config.tree ('2,2,1' = TreeShape.from_branching; '' = a chain) and tree_rule, as
-  speculative_generate's keywords ({} for a chain)."""
-  tree = str(config.get("tree", "")).strip()
-  if not tree:
+  """--config.tree ('2,2,1' = TreeShape.from_branching; 'paths:0,1,00' = from_paths; '' =
+  a chain; `tree_shapes.parse_tree`) and tree_rule, as speculative_generate's keywords
+  ({} for a chain)."""
+  tree = parse_tree(config.get("tree", ""))
+  if tree is None:
     return {}
-  try:
-    branching = tuple(int(b) for b in tree.split(","))
-  except ValueError:
-    raise ValueError(f"config.tree must be comma-separated ints, e.g. '2,2,1', got {tree!r}")
-  return dict(tree=TreeShape.from_branching(branching),
-              tree_rule=str(config.get("tree_rule", "sampled")))
+  return dict(tree=tree, tree_rule=str(config.get("tree_rule", "sampled")))
 
 
 def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: dict) -> float:

@@ -9,7 +9,16 @@ target SmolLM2-135M and the feature draft 'saved:drafts/smollm2_feature_v1' alon
 lookup). Per configuration: tokens per target call = emitted tokens / steps of each row,
 the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..4
 (block verifier, the default) at T=0 and T=1, and trees (`tree_decode`) with rule 'topk'
-at T=0 and both rules at T=1. Rule 'sampled' at T=0 draws every child as the draft's
+at T=0 and both rules at T=1. A shape is a branching per depth ('3x2x1') or 'best:N':
+the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below).
+
+The rank table (`--rank_table`, first): one T=0 run with rule 'topk' over a caterpillar
+probe tree (K = 8 children on each rank-0 node, depth 6; `caterpillar`) records each
+step's accepted path (`recorded_paths`). a[d, r] = P(the target's token is the draft's
+rank-r choice at depth d | the path reached depth d along rank-0 nodes), over live rows;
+depths reached by fewer than MIN_REACHED rows share one pooled row (the last, which
+`best_first` also uses for any deeper level). Every tree row at
+T = 0 also gets the rank model's prediction (`tree_shapes.expected_tokens`). Rule 'sampled' at T=0 draws every child as the draft's
 argmax (duplicates): a chain of depth D with extra copies, so it is not run.
 
 No timing is needed for the tokens per call, so the study may share the machine. It also
@@ -22,6 +31,7 @@ stamp) after every configuration and a CSV next to it. `--costs_only` keeps the 
 --out and times v(k) and c again, for a machine that was busy during the study.
 """
 
+import contextlib
 import csv
 import json
 import os
@@ -30,8 +40,10 @@ import time
 import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 
+import jax
+import numpy as np
 from configs import smollm2_135m
-from specdec_jax import prompt_sets, studies
+from specdec_jax import prompt_sets, studies, tree_decode, tree_shapes
 from specdec_jax import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
@@ -41,10 +53,14 @@ from specdec_jax.tree_shapes import TreeShape
 
 _OUT = flags.DEFINE_string("out", "docs/results/tree_tokens_per_call.json", "JSON output")
 _NEW = flags.DEFINE_integer("max_new_tokens", 32, "new tokens per prompt")
-_SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1"],
+_SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1", "best:8",
+                                       "best:12", "best:15"],
                             "tree shapes: branching per depth joined by 'x' "
-                            "(TreeShape.from_branching)")
-_CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4"], "chain gammas")
+                            "(TreeShape.from_branching), or 'best:N' (best_first over the "
+                            "rank table)")
+_CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4", "5", "6"], "chain gammas")
+_RANK_TABLE = flags.DEFINE_bool("rank_table", True, "measure the rank table a[d, r] first")
+PROBE_K, PROBE_DEPTH, MIN_REACHED = 8, 6, 100
 _LIMIT = flags.DEFINE_integer("limit", 0, "use only the first N prompts (0 = all)")
 _COSTS = flags.DEFINE_bool("costs", True, "measure v(k) and c")
 _COSTS_ONLY = flags.DEFINE_bool("costs_only", False, "keep the rows of --out and time v(k) "
@@ -53,16 +69,84 @@ _COSTS_ONLY = flags.DEFINE_bool("costs_only", False, "keep the rows of --out and
 PROMPT_SET = "configs/prompts/heldout.json"
 
 
-def plan():
+def caterpillar(width: int, depth: int) -> TreeShape:
+  """`width` children below the root and below each rank-0 node, `depth` levels."""
+  parents, spine = [], -1
+  for _ in range(depth):
+    first = len(parents)
+    parents += [spine] * width
+    spine = first
+  return TreeShape(tuple(parents))
+
+
+@contextlib.contextmanager
+def recorded_paths(log: list):
+  """Within: every tree step appends (done [B], path [B,D], num_accepted [B]) to log
+  (host callbacks in step order around `tree_decode.tree_verify`)."""
+  step_fn, verify = tree_decode.tree_step_fn, tree_decode.tree_verify
+  done_at = []
+
+  def recording_step(target_params, draft_params, state, **kw):
+    jax.debug.callback(lambda d: done_at.append(np.asarray(d)), state.done, ordered=True)
+    return step_fn(target_params, draft_params, state, **kw)
+
+  def recording_verify(*args, **kw):
+    path, block, n = verify(*args, **kw)
+    jax.debug.callback(lambda p, m: log.append((done_at[len(log)], np.asarray(p),
+                                                np.asarray(m))), path, n, ordered=True)
+    return path, block, n
+
+  tree_decode.tree_step_fn, tree_decode.tree_verify = recording_step, recording_verify
+  try:
+    yield log
+  finally:
+    tree_decode.tree_step_fn, tree_decode.tree_verify = step_fn, verify
+
+
+def rank_table(generate) -> dict:
+  """The rank table from one T=0 'topk' run over `caterpillar` (module docstring)."""
+  shape = caterpillar(PROBE_K, PROBE_DEPTH)
+  ranks = np.asarray(shape.child_rank)
+  log = []
+  with recorded_paths(log):
+    out = generate(dict(gamma=1, tree=shape, tree_rule="topk"), 0.0)
+  reached = np.zeros(PROBE_DEPTH, np.int64)
+  hits = np.zeros((PROBE_DEPTH, PROBE_K), np.int64)
+  for done, path, n in log:
+    for b in np.flatnonzero(~done):
+      for d in range(PROBE_DEPTH):  # depth d + 1, reached along rank-0 nodes
+        reached[d] += 1
+        if n[b] <= d:
+          break
+        hits[d, ranks[path[b, d]]] += 1
+        if ranks[path[b, d]]:
+          break
+  rows = int(max(1, np.sum(reached >= MIN_REACHED)))  # depths 1..rows on their own
+  table = [hits[d] / max(reached[d], 1) for d in range(rows)]
+  if rows < PROBE_DEPTH and reached[rows:].sum():
+    table.append(hits[rows:].sum(0) / reached[rows:].sum())
+  return dict(probe=dict(width=PROBE_K, depth=PROBE_DEPTH, rule="topk", temperature=0.0),
+              reached=reached.tolist(), hits=hits.tolist(),
+              accept=[[float(x) for x in row] for row in table],
+              pooled_from_depth=rows + 1, min_reached=MIN_REACHED,
+              probe_tokens_per_call=float(np.mean(out.lengths / out.steps_per_row)))
+
+
+def plan(accept):
   """[(label, kind, shape or gamma, rule, temperature)] in run order."""
   out = []
   for t in (0.0, 1.0):
     for g in _CHAINS.value:
       out.append((f"chain {g}", "chain", int(g), "block", t))
     for s in _SHAPES.value:
-      shape = TreeShape.from_branching(tuple(int(b) for b in s.split("x")))
+      if s.startswith("best:"):
+        if accept is None:
+          raise ValueError(f"shape {s!r} needs the rank table (--rank_table)")
+        shape, label = tree_shapes.best_first(accept, int(s[5:])), f"best-first {s[5:]}"
+      else:
+        shape, label = TreeShape.from_branching(tuple(int(b) for b in s.split("x"))), f"tree {s}"
       for rule in (("topk",) if t == 0 else ("sampled", "topk")):
-        out.append((f"tree {s}", "tree", shape, rule, t))
+        out.append((label, "tree", shape, rule, t))
   return out
 
 
@@ -91,14 +175,27 @@ def main(_):
       chain_verifier="block",
       metric="tokens per target call = emitted tokens / loop steps, per prompt (row); "
              "mean over prompts with the 95% Student-t interval"), rows=[])
-  for label, kind, what, rule, temp in plan():
-    t0 = time.perf_counter()
-    kw = (dict(gamma=what) if kind == "chain"
-          else dict(gamma=1, tree=what, tree_rule=rule))
-    out = spec.speculative_generate(
+
+  def generate(kw, temp):
+    return spec.speculative_generate(
         models.target_params, draft_params, ids, target_config=models.target_config,
         draft_config=draft_cfg, max_new_tokens=new, sampling=SamplingConfig(temp), seed=0,
         vocab_size=models.vocab_size, prompt_width=width, **kw)
+
+  accept = None
+  if _RANK_TABLE.value:
+    t0 = time.perf_counter()
+    doc["rank_table"] = rank_table(generate)
+    doc["rank_table"]["seconds"] = time.perf_counter() - t0
+    accept = np.asarray(doc["rank_table"]["accept"])
+    print("rank table a[d, r]:\n" + "\n".join(" ".join(f"{x:.3f}" for x in row)
+                                              for row in accept), flush=True)
+    atomic_write_json(_OUT.value, doc)
+  for label, kind, what, rule, temp in plan(accept):
+    t0 = time.perf_counter()
+    kw = (dict(gamma=what) if kind == "chain"
+          else dict(gamma=1, tree=what, tree_rule=rule))
+    out = generate(kw, temp)
     per_row = out.lengths / out.steps_per_row
     mean, low, high = prompt_sets.mean_interval(per_row)
     nodes = what if kind == "chain" else what.num_nodes
@@ -106,6 +203,11 @@ def main(_):
     row = dict(config=label, kind=kind, nodes=nodes, depth=depth, rule=rule,
                temperature=temp, tokens_per_call=mean, ci95=[low, high],
                per_prompt=[float(x) for x in per_row], seconds=time.perf_counter() - t0)
+    if kind == "tree":
+      row["paths"] = tree_shapes.paths_string(what)
+    if accept is not None and temp == 0:
+      shape = TreeShape.chain(what) if kind == "chain" else what
+      row["model_tokens_per_call"] = tree_shapes.expected_tokens(shape, accept)
     doc["rows"].append(row)
     print(f"{label:12s} N={nodes:2d} D={depth} {rule:7s} T={temp:g}: {mean:.3f} "
           f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
@@ -140,11 +242,13 @@ def write_csv(doc):
   with open(os.path.splitext(_OUT.value)[0] + ".csv", "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["config", "kind", "nodes", "depth", "rule", "temperature", "tokens_per_call",
-                "ci95_low", "ci95_high", "predicted_speedup"])
+                "ci95_low", "ci95_high", "predicted_speedup", "model_tokens_per_call",
+                "paths"])
     for r in doc["rows"]:
       w.writerow([r["config"], r["kind"], r["nodes"], r["depth"], r["rule"], r["temperature"],
                   f"{r['tokens_per_call']:.4f}", f"{r['ci95'][0]:.4f}", f"{r['ci95'][1]:.4f}",
-                  f"{r.get('predicted_speedup', float('nan')):.4f}"])
+                  f"{r.get('predicted_speedup', float('nan')):.4f}",
+                  f"{r.get('model_tokens_per_call', float('nan')):.4f}", r.get("paths", "")])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,14 @@ long and a step emits at most D + 1 tokens.
 by SpecInfer (Miao et al., ASPLOS 2024) and the static trees of EAGLE (Li et al. 2024)
 are `from_branching`: every node at depth d has b_d children; EAGLE-2's dynamic trees
 (Li et al. 2024) fit a fixed node budget with a per-row `node_mask` in `tree_verify`.
+
+Sparse trees (Medusa's and EAGLE's default trees) are `from_paths`: each node named by
+its rank path, the child ranks from the root down ("0" = the draft's first choice at
+depth 1, "01" = its second choice below that). `best_first` builds the N-node tree that
+maximizes the expected tokens per target call under a table a[d, r] of acceptance
+rates per depth and child rank (measured by `scripts/tree_study.py --rank_table`), and
+`expected_tokens` gives that model's figure for any shape. `parse_tree` reads both
+notations from a config string.
 """
 
 from __future__ import annotations
@@ -99,6 +107,43 @@ class TreeShape:
     return cls(tuple(parents))
 
   @classmethod
+  def from_paths(cls, paths) -> "TreeShape":
+    """Nodes named by rank paths: tuples of child ranks from the root down.
+
+    Every proper prefix of a path must be a path too, and the ranks of each node's
+    children must be 0..k-1. Nodes are numbered level by level, siblings in rank order,
+    so `from_paths` of every path of a full tree equals `from_branching`.
+    """
+    if isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__"):
+      raise ValueError(f"paths must be a sequence of rank tuples, got {paths!r}")
+    seen = set()
+    for path in paths:
+      if isinstance(path, (str, bytes)) or not hasattr(path, "__len__") or not path:
+        raise ValueError(f"a path must be a non-empty tuple of child ranks, got {path!r}")
+      path = tuple(_check_int("a child rank", r, 0) for r in path)
+      if path in seen:
+        raise ValueError(f"path {path} is listed twice")
+      seen.add(path)
+    if not seen:
+      raise ValueError(f"a tree needs at least one drafted node, got paths = {paths!r}")
+    for path in seen:
+      if len(path) > 1 and path[:-1] not in seen:
+        raise ValueError(f"path {path} has no parent: {path[:-1]} is missing")
+      if path[-1] > 0 and path[:-1] + (path[-1] - 1,) not in seen:
+        raise ValueError(f"path {path} skips a rank: {path[:-1] + (path[-1] - 1,)} is "
+                         "missing (a node's children take ranks 0..k-1)")
+    order = sorted(seen, key=lambda t: (len(t), t))
+    index = {path: i for i, path in enumerate(order)}
+    return cls(tuple(index[t[:-1]] if len(t) > 1 else -1 for t in order))
+
+  def rank_paths(self) -> tuple:
+    """Per node i: its rank path, the child ranks from the root down (`from_paths`)."""
+    out = []
+    for p, r in zip(self.parents, self.child_rank):
+      out.append((out[p] if p >= 0 else ()) + (r,))
+    return tuple(out)
+
+  @classmethod
   def chain(cls, gamma: int) -> "TreeShape":
     """γ nodes in a line (branching 1 everywhere): the token-wise `verify` case."""
     gamma = _check_int("gamma", gamma, 1)
@@ -143,3 +188,90 @@ class TreeShape:
   def parent_positions(self) -> np.ndarray:
     """int32 [N]: the position of each node's parent (0 = root), i.e. parents + 1."""
     return np.asarray(self.parents, np.int32) + 1
+
+
+def _rate(accept: np.ndarray, depth: int, rank: int) -> float:
+  """a[depth, rank] (depth 1-based; depths past the table use its last row; ranks past
+  it are 0)."""
+  row = accept[min(depth, accept.shape[0]) - 1]
+  return float(row[rank]) if rank < row.shape[0] else 0.0
+
+
+def _check_accept(accept) -> np.ndarray:
+  table = np.asarray(accept, np.float64)
+  if table.ndim != 2 or table.size == 0 or not np.isfinite(table).all() \
+      or (table < 0).any() or (table.sum(1) > 1 + 1e-9).any():
+    raise ValueError("accept must be a non-empty [D, K] table of rates >= 0 whose rows sum "
+                     f"to at most 1, got {np.asarray(accept).tolist()!r}")
+  return table
+
+
+def expected_tokens(shape: TreeShape, accept) -> float:
+  """Tokens per target call the rank model predicts: 1 + Σ_nodes Π_path a[d, r].
+
+  accept: [D', K] rates, a[d-1, r] = P(the target's token is the draft's rank-r choice at
+  depth d | the path down to its parent was accepted); greedy (T = 0) with rule 'topk'.
+  The model takes each level's rate as independent of the ranks above it.
+  """
+  table = _check_accept(accept)
+  total = 1.0
+  for path in shape.rank_paths():
+    total += float(np.prod([_rate(table, d, r) for d, r in enumerate(path, 1)]))
+  return total
+
+
+def best_first(accept, num_nodes: int, max_depth: int = 16) -> TreeShape:
+  """The `num_nodes`-node tree with the largest `expected_tokens` under accept [D', K].
+
+  Adds, one at a time, the candidate node of the highest path probability: a first
+  child of a chosen node (or of the root) or the next-ranked sibling of one. When rates
+  fall with rank and each factor is at most 1, every prefix and lower-ranked sibling
+  of a chosen path is at least as likely, so the greedy set is optimal (Medusa and
+  EAGLE choose their static trees this way).
+  """
+  table = _check_accept(accept)
+  num_nodes = _check_int("num_nodes", num_nodes, 1)
+  max_depth = _check_int("max_depth", max_depth, 1)
+  chosen, frontier = [], {(0,): _rate(table, 1, 0)}
+  while len(chosen) < num_nodes and frontier:
+    path = max(frontier, key=lambda t: (frontier[t], -len(t)))
+    prob = frontier.pop(path)
+    chosen.append(path)
+    if len(path) < max_depth:
+      frontier[path + (0,)] = prob * _rate(table, len(path) + 1, 0)
+    base = _rate(table, len(path), path[-1])
+    if base > 0:
+      frontier[path[:-1] + (path[-1] + 1,)] = prob / base * _rate(table, len(path),
+                                                                     path[-1] + 1)
+  return TreeShape.from_paths(chosen)
+
+
+def parse_tree(text: str) -> TreeShape | None:
+  """A config string -> TreeShape; '' -> None (a chain).
+
+  '3,2,1' or '3x2x1': `from_branching`. 'paths:0,1,00,000': `from_paths`, each path a
+  string of child ranks 0..9 from the root down.
+  """
+  text = str(text).strip()
+  if not text:
+    return None
+  if text.startswith("paths:"):
+    items = [t.strip() for t in text[len("paths:"):].split(",")]
+    if not all(t.isdigit() for t in items):
+      raise ValueError(f"tree paths must be digit strings of child ranks, e.g. "
+                       f"'paths:0,1,00', got {text!r}")
+    return TreeShape.from_paths([tuple(int(c) for c in t) for t in items])
+  try:
+    branching = tuple(int(b) for b in text.replace("x", ",").split(","))
+  except ValueError:
+    raise ValueError(f"tree must be branching per depth ('3,2,1' or '3x2x1') or rank paths "
+                     f"('paths:0,1,00'), got {text!r}") from None
+  return TreeShape.from_branching(branching)
+
+
+def paths_string(shape: TreeShape) -> str:
+  """The 'paths:...' notation of `parse_tree` for a shape (ranks must be <= 9)."""
+  paths = shape.rank_paths()
+  if max(max(p) for p in paths) > 9:
+    raise ValueError("paths_string needs child ranks <= 9")
+  return "paths:" + ",".join("".join(str(r) for r in p) for p in paths)

@@ -29,6 +29,7 @@ from specdec_jax.tree_shapes import TreeShape
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 0], [7], [3, 1, 4, 1]]
 SHAPES = [TreeShape.from_branching((2, 2)), TreeShape.from_branching((3, 1, 1))]
+SPARSE = TreeShape.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,7 @@ def generate(pair, prompts=PROMPTS, **kw):
 GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
                 ("feature", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
                 ("model", SHAPES[1], "topk"), ("feature", SHAPES[1], "sampled"),
+                ("feature", SPARSE, "topk"),
                 pytest.param("model", SHAPES[1], "sampled", marks=pytest.mark.slow),
                 pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
 

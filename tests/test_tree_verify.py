@@ -397,3 +397,16 @@ def test_bad_verifier_inputs_raise():
     tree_verify(shape, tokens, None, p_at, key, rule="sampled")
   out = _verify(shape, tokens, None, p_at, key, rule="topk")  # topk never reads q
   assert out[1].shape == (2, 3)
+
+
+SPARSE = TreeShape.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])  # unbalanced, depth 3
+
+
+@pytest.mark.parametrize("rule", ["sampled", "topk"])
+def test_sparse_tree_law_matches_target_exact(rule):
+  """A sparse `from_paths` tree (children only below rank-0 nodes): the same exact
+  enumeration as `test_law_matches_target_exact`."""
+  p, q = tables(3, SPARSE.max_depth)
+  tokens, weights = enumerate_trees(SPARSE, q)
+  assert_exact(SPARSE, p, reference_law(SPARSE, p, q, rule),
+               implementation_law(SPARSE, tokens, weights, p, q, rule))
