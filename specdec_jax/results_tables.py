@@ -282,8 +282,9 @@ def _tree_cell(row: dict) -> str:
 
 
 def tree_table(doc: dict) -> list[str]:
-  """Tokens per target call (95% interval over prompts) and the predicted speedup from
-  this machine's v(N+1) and c, per chain or tree, rule and temperature."""
+  """Tokens per target call (95% interval over prompts), the rank model's prediction at
+  T = 0 and the predicted speedup from this machine's v(N+1) and c, per chain or tree,
+  rule and temperature; then the rank table a[d, r] the best-first trees come from."""
   meta, costs = doc.get("meta", {}), doc.get("costs", {})
   lines = [f"Prompt set `{meta.get('prompt_set', '?')}` ({meta.get('prompts', '?')} prompts "
            f"in one batch), {meta.get('max_new_tokens', '?')} new tokens, draft "
@@ -292,15 +293,38 @@ def tree_table(doc: dict) -> list[str]:
   for r in doc.get("rows", []):
     rows.append([r["config"], str(r["nodes"]), str(r["depth"]), r["rule"],
                  f"{r['temperature']:g}", _tree_cell(r),
+                 num(r.get("model_tokens_per_call"), ".2f"),
                  num(costs.get("v", {}).get(str(r["nodes"] + 1)), ".2f"),
                  num(r.get("predicted_speedup"), ".2f") + ("x" if r.get("predicted_speedup")
                                                             else "")])
   lines += table(["shape", "nodes N", "depth D", "rule", "T", "tokens per target call [95%]",
-                  "v(N+1)", "predicted speedup"], rows)
+                  "rank model", "v(N+1)", "predicted speedup"], rows)
+  best = [r for r in doc.get("rows", []) if r.get("paths") and r["config"].startswith("best")]
+  if best:
+    lines += ["", "Best-first trees (rank paths, `tree_shapes.parse_tree`): "
+              + "; ".join(f"{r['config']}: `{r['paths']}`" for r in best
+                          if r["temperature"] == best[0]["temperature"])]
+  ranks = doc.get("rank_table")
+  if ranks:
+    acc = ranks["accept"]
+    probe = ranks.get("probe", {})
+    header = ["depth"] + [f"rank {k}" for k in range(len(acc[0]))]
+    body = []
+    for d, row in enumerate(acc, 1):
+      label = str(d) if d < ranks.get("pooled_from_depth", len(acc) + 1) else f"{d}+"
+      body.append([label] + [num(x, ".3f") for x in row])
+    lines += ["", f"Rank table a[d, r] = P(the target's token is the draft's rank-r choice at "
+              f"depth d | depth d reached), T = 0, from a caterpillar probe tree "
+              f"({probe.get('width', '?')} children per rank-0 node, depth "
+              f"{probe.get('depth', '?')}; rows reached by fewer than "
+              f"{ranks.get('min_reached', '?')} steps pooled); depths reached: "
+              f"{ranks.get('reached')}.", ""]
+    lines += table(header, body)
   if costs:
     lines += ["", f"Predicted speedup = tokens per call / (v(N+1) + D c), c = "
               f"{num(costs.get('c'), '.3f')}, v(k) of the target at batch "
-              f"{costs.get('batch', '?')}, context {costs.get('context', '?')}."]
+              f"{costs.get('batch', '?')}, context {costs.get('context', '?')}. Rank model = "
+              f"`tree_shapes.expected_tokens` under the rank table."]
   if doc.get("timing_note"):
     lines += ["", doc["timing_note"]]
   return lines
@@ -322,4 +346,13 @@ def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
                 f"{tree['tokens_per_call'] / chain['tokens_per_call']:.2f}x "
                 f"({tree['config']} {tree['rule']}: {_tree_cell(tree)}; {chain['config']}: "
                 f"{_tree_cell(chain)})"))
+    if all(r.get("predicted_speedup") for r in rows):
+      fast_chain = max(chains, key=lambda r: r["predicted_speedup"])
+      fast_tree = max(trees, key=lambda r: r["predicted_speedup"])
+      out.append((f"{title}, T = {t:g}: predicted speedup from v(N+1) and c, fastest tree "
+                  f"over fastest chain",
+                  f"{fast_tree['predicted_speedup'] / fast_chain['predicted_speedup']:.2f}x "
+                  f"({fast_tree['config']} {fast_tree['rule']}: "
+                  f"{fast_tree['predicted_speedup']:.2f}x; {fast_chain['config']}: "
+                  f"{fast_chain['predicted_speedup']:.2f}x)"))
   return out or [(title, "no rows")]

@@ -271,19 +271,29 @@ TREES = dict(
     rows=[dict(config="chain 4", kind="chain", nodes=4, depth=4, rule="block", temperature=0.0,
                tokens_per_call=1.6, ci95=[1.5, 1.7], predicted_speedup=1.1),
           dict(config="tree 3x2x1", kind="tree", nodes=15, depth=3, rule="topk",
-               temperature=0.0, tokens_per_call=2.0, ci95=[1.9, 2.1], predicted_speedup=0.9),
+               temperature=0.0, tokens_per_call=2.0, ci95=[1.9, 2.1], predicted_speedup=0.9,
+               model_tokens_per_call=2.05),
+          dict(config="best-first 3", kind="tree", nodes=3, depth=2, rule="topk",
+               temperature=0.0, tokens_per_call=1.7, ci95=[1.6, 1.8], predicted_speedup=1.21,
+               paths="paths:0,1,00"),
           dict(config="chain 1", kind="chain", nodes=1, depth=1, rule="block", temperature=1.0,
                tokens_per_call=1.4, ci95=[1.3, 1.5])],
-    costs=dict(v={"2": 1.3, "5": 1.4, "16": 2.1}, c=0.05, batch=1, context=128))
+    costs=dict(v={"2": 1.3, "4": 1.3, "5": 1.4, "16": 2.1}, c=0.05, batch=1, context=128),
+    rank_table=dict(probe=dict(width=2, depth=3), reached=[300, 120, 40], min_reached=100,
+                    pooled_from_depth=3, accept=[[0.4, 0.1], [0.45, 0.12], [0.5, 0.1]]))
 
 
 def test_tree_study_table_and_headline(tmp_path):
   """Per row its tokens per call with the interval, v(N+1) and the prediction; the README
   quotes the best tree over the best chain where a temperature has both."""
   page, readme = rendered(tmp_path, {"tree_tokens_per_call.json": TREES})
-  assert "| tree 3x2x1 | 15 | 3 | topk | 0 | 2.00 [1.90, 2.10] | 2.10 | 0.90x |" in page
-  assert "| chain 1 | 1 | 1 | block | 1 | 1.40 [1.30, 1.50] | 1.30 | – |" in page
+  assert "| tree 3x2x1 | 15 | 3 | topk | 0 | 2.00 [1.90, 2.10] | 2.05 | 2.10 | 0.90x |" in page
+  assert "| chain 1 | 1 | 1 | block | 1 | 1.40 [1.30, 1.50] | – | 1.30 | – |" in page
   assert "c = 0.050" in page
+  assert "best-first 3: `paths:0,1,00`" in page
+  assert "| 2 | 0.450 | 0.120 |" in page and "| 3+ | 0.500 | 0.100 |" in page
+  assert ("T = 0: predicted speedup from v(N+1) and c, fastest tree over fastest chain | "
+          "1.10x (best-first 3 topk: 1.21x; chain 4: 1.10x)") in readme
   assert ("T = 0: best tree's tokens per target call over the best chain's | 1.25x (tree "
           "3x2x1 topk: 2.00 [1.90, 2.10]; chain 4: 1.60 [1.50, 1.70])") in readme
   assert "T = 1: best tree" not in readme  # no tree at T = 1
