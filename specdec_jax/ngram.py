@@ -112,9 +112,10 @@ class HybridDraft:
     return cls(feature, n, n)
 
 
-def match_start(tokens: Array, length: Array, n: int) -> Array:
-  """int32 [B]: start j of the most recent earlier copy of tokens[b, L-n:L] with
-  j + n <= L - 1, or -1 where there is none (or L <= n). tokens [B,W], length [B]."""
+def match_starts(tokens: Array, length: Array, n: int, count: int) -> Array:
+  """int32 [B,count]: starts j of the `count` most recent earlier copies of
+  tokens[b, L-n:L] with j + n <= L - 1, most recent first; -1 past the last (or where
+  L <= n). tokens [B,W], length [B]."""
   width = tokens.shape[1]
   starts = jnp.arange(width - n + 1)
   suffix = jnp.take_along_axis(tokens, jnp.maximum(length[:, None] - n, 0) + jnp.arange(n),
@@ -123,7 +124,16 @@ def match_start(tokens: Array, length: Array, n: int) -> Array:
   for k in range(n):  # n is small and static: n shifted compares of [B,W-n+1]
     same &= tokens[:, k: k + starts.size] == suffix[:, k: k + 1]
   valid = starts[None, :] + n <= length[:, None] - 1
-  return jnp.max(jnp.where(same & valid, starts[None, :], -1), axis=1).astype(jnp.int32)
+  found = jnp.where(same & valid, starts[None, :], -1)
+  if count == 1:
+    return jnp.max(found, axis=1, keepdims=True).astype(jnp.int32)
+  return jax.lax.top_k(found, min(count, starts.size))[0].astype(jnp.int32)
+
+
+def match_start(tokens: Array, length: Array, n: int) -> Array:
+  """int32 [B]: start j of the most recent earlier copy of tokens[b, L-n:L] with
+  j + n <= L - 1, or -1 where there is none (or L <= n). tokens [B,W], length [B]."""
+  return match_starts(tokens, length, n, 1)[:, 0]
 
 
 def lookup(tokens: Array, length: Array, *, min_n: int, max_n: int,
@@ -143,6 +153,45 @@ def lookup(tokens: Array, length: Array, *, min_n: int, max_n: int,
   idx = jnp.where(found[:, None], follow[:, None] + jnp.arange(gamma)[None, :] % shift[:, None],
                   (length - 1)[:, None])
   return jnp.take_along_axis(tokens, idx, axis=1).astype(jnp.int32), found
+
+
+def lookup_candidates(tokens: Array, length: Array, *, min_n: int, max_n: int, count: int,
+                      depth: int, scan: int = 4) -> tuple[Array, Array]:
+  """(proposals int32 [B,K,D], found bool [B,K]), K = count, D = depth: up to K
+  continuations of earlier matches with distinct first tokens, for a token tree whose
+  root has K children, each the head of a chain (`tree_decode`).
+
+  Per row, the longest n (max_n .. min_n) with any match is used; of its scan*K most
+  recent matches, the first of each distinct first follower is kept, most recent
+  first. Candidate k reads its continuation as `lookup` does (periodic past L); where
+  fewer than K remain, found is False and the proposals are the pending token. With
+  K = 1 it is `lookup` (its D proposals and found).
+  """
+  rows = jnp.arange(tokens.shape[0])[:, None]
+  starts = jnp.full((tokens.shape[0], scan * count), -1, jnp.int32)
+  used = jnp.zeros(length.shape, jnp.int32)  # the n of the kept starts, 0 = none yet
+  for n in range(max_n, min_n - 1, -1):  # longest match first
+    j = match_starts(tokens, length, n, scan * count)
+    j = jnp.pad(j, ((0, 0), (0, scan * count - j.shape[1])), constant_values=-1)
+    take = (used == 0) & (j[:, 0] >= 0)
+    starts = jnp.where(take[:, None], j, starts)
+    used = jnp.where(take, n, used)
+  follow = jnp.where(starts >= 0, starts + used[:, None], -1)  # [B,M] first follower
+  first = jnp.where(follow >= 0, tokens[rows, jnp.maximum(follow, 0)], -1)
+  earlier = jnp.tril(jnp.ones((first.shape[1],) * 2, bool), -1)  # [M,M]: j < k
+  repeat = jnp.any(earlier[None] & (first[:, None, :] == first[:, :, None]), axis=2)
+  keep = (follow >= 0) & ~repeat
+  order = jnp.argsort(~keep, axis=1, stable=True)[:, :count]  # kept ones, most recent first
+  follow = jnp.where(jnp.take_along_axis(keep, order, 1),
+                     jnp.take_along_axis(follow, order, 1), -1)  # [B,K]
+  found = follow >= 0
+  shift = jnp.where(found, length[:, None] - follow, 1)
+  idx = jnp.where(found[..., None],
+                  follow[..., None] + jnp.arange(depth) % shift[..., None],
+                  (length - 1)[:, None, None])  # [B,K,D]
+  flat = idx.reshape(idx.shape[0], -1)
+  out = jnp.take_along_axis(tokens, flat, axis=1).reshape(idx.shape)
+  return out.astype(jnp.int32), found
 
 
 def propose(tokens: Array, length: Array, *, max_n: int, gamma: int) -> Array:

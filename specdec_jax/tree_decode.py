@@ -14,6 +14,11 @@ the loop's decode-state invariant (`speculative`'s module docstring) and its cac
        'sampled': k children i.i.d. from q at that position (node i uses draft_keys[i]);
        'topk':    the k most likely tokens of the draft's logits there (deterministic;
                   at T=0 a greedy draft's top-k, not k copies of its argmax).
+     A lookup draft (kind 'ngram', rule 'topk' only) needs no draft call: the root's K
+     children are the first followers of up to K earlier matches with distinct first
+     tokens, each heading a chain of its match's continuation (`ngram.lookup_candidates`;
+     the shape must be such chains below the root, `lookup_tree_ranks`); it is a
+     deterministic candidate set, so rule 'topk' is exact for it.
      An independent draft (kind 'model') gets the root's q by feeding t at ℓ; a feature
      draft (kind 'feature') by the re-read of `drafting.draft_feature` (positions ℓ_d..ℓ,
      true target features), and each node's call takes as context the draft's hidden
@@ -49,6 +54,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax import ngram
 from specdec_jax.drafting import feature_part, pending_tokens, with_length
 from specdec_jax.model import ModelConfig, forward
 from specdec_jax.sampling import SamplingConfig, sample
@@ -56,7 +62,15 @@ from specdec_jax.tree_shapes import TreeShape
 from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verify
 
 Array = jax.Array
-TREE_DRAFT_KINDS = ("model", "feature")
+TREE_DRAFT_KINDS = ("model", "feature", "ngram")
+
+
+def lookup_tree_ranks(shape: TreeShape) -> np.ndarray | None:
+  """int32 [N]: per node the rank of its depth-1 ancestor (the lookup candidate it reads),
+  or None if the shape is not chains below the root (a node at depth >= 2 of rank > 0)."""
+  if any(d > 1 and r > 0 for d, r in zip(shape.depths, shape.child_rank)):
+    return None
+  return np.asarray([path[0] for path in shape.rank_paths()], np.int32)
 
 
 def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
@@ -72,6 +86,13 @@ def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
   if kind not in TREE_DRAFT_KINDS:
     raise ValueError(f"a token tree needs an independent or feature draft (kind in "
                      f"{TREE_DRAFT_KINDS}), got a draft of kind {kind!r}")
+  if kind == "ngram" and rule != "topk":
+    raise ValueError(f"a lookup draft's tree needs tree_rule 'topk' (its candidates are a "
+                     f"deterministic set, not draws from q), got {rule!r}")
+  if kind == "ngram" and lookup_tree_ranks(shape) is None:
+    raise ValueError(f"a lookup draft's tree must be chains below the root (every node at "
+                     f"depth >= 2 an only child, e.g. branching (3, 1, 1)), got rank paths "
+                     f"{shape.rank_paths()}")
   widest = shape.children_table().shape[1]
   if rule == "topk" and widest > vocab_size:
     raise ValueError(f"rule 'topk' needs at most vocab_size={vocab_size} children per "
@@ -123,6 +144,16 @@ def _children(shape: TreeShape, rule: str, start: int, end: int, q_at: Array, ra
     return jnp.take_along_axis(top, ranks[None, :, None], axis=2)[..., 0].astype(jnp.int32)
   draw = jax.vmap(jax.vmap(functools.partial(sample, greedy=greedy)))
   return draw(keys[:, start:end], q_at[:, parents])
+
+
+def lookup_tree(state, *, shape: TreeShape, draft_config) -> Array:
+  """Step 1 for a lookup draft -> nodes int32 [B,N]: node i is depth(i)'s token of the
+  candidate its depth-1 ancestor's rank names (`ngram.lookup_candidates`)."""
+  ranks = lookup_tree_ranks(shape)
+  cands, _ = ngram.lookup_candidates(state.tokens, state.num_tokens, min_n=1,
+                                     max_n=draft_config.max_n, count=int(ranks.max()) + 1,
+                                     depth=shape.max_depth)  # [B,K,D]
+  return cands[:, ranks, np.asarray(shape.depths) - 1]
 
 
 def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: TreeShape,
@@ -196,10 +227,14 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
   length = state.num_tokens - 1
   split = jax.vmap(jax.random.split)(spec._step_keys(state))  # [B,2,2]
   draft_keys = jax.vmap(lambda k: jax.random.split(k, n_nodes))(split[:, 0])  # [B,N,2]
-  nodes, q_at, draft_cache = draft_tree(
-      target_params, draft_params, state, draft_keys, shape=shape, rule=rule,
-      draft_config=draft_config, warp_fn=warp_fn, vocab_size=vocab_size,
-      greedy=sampling.temperature == 0)
+  if draft_config.kind == "ngram":  # rule 'topk' (check_tree): q is never read
+    nodes = lookup_tree(state, shape=shape, draft_config=draft_config)
+    q_at, draft_cache = None, None
+  else:
+    nodes, q_at, draft_cache = draft_tree(
+        target_params, draft_params, state, draft_keys, shape=shape, rule=rule,
+        draft_config=draft_config, warp_fn=warp_fn, vocab_size=vocab_size,
+        greedy=sampling.temperature == 0)
 
   target_in = jnp.concatenate([pending_tokens(state)[:, None], nodes], axis=1)  # [B,N+1]
   positions = length[:, None] + jnp.asarray((0,) + shape.depths)[None, :]
@@ -229,7 +264,7 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
                     ((0, 0), (0, width - depth - 1), (0, 0)))
     state = state.replace(features=feats)
     draft_cache = with_length(draft_cache, length + 1)
-  else:
+  elif draft_cache is not None:
     draft_cache = with_length(compact_path(draft_cache, length, path), new_length)
   return state.replace(target_cache=target_cache, draft_cache=draft_cache,
                        step=state.step + 1)

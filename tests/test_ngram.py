@@ -14,6 +14,7 @@ import pytest
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax.loading import ByteTokenizer, load_draft
+from specdec_jax import ngram
 from specdec_jax.ngram import NgramDraft, propose
 from specdec_jax.verify import block_verify, verify
 from test_exactness import (assert_naive_verifier_fails, exact_sequence_probs, sample_sequences,
@@ -112,3 +113,26 @@ def test_ngram_draft_names_and_errors():
       load_draft(bad, tok, None, None)
   with pytest.raises(ValueError, match="max_n >= 1, got -2"):
     NgramDraft(-2)
+
+
+def test_lookup_candidates_with_one_candidate_is_lookup():
+  """K = 1: the same D proposals and `found` as `lookup`, over random buffers and n."""
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    tokens = jnp.asarray(rng.integers(0, 4, (3, 24)), jnp.int32)
+    length = jnp.asarray(rng.integers(1, 24, 3), jnp.int32)
+    for lo, hi in ((1, 3), (2, 2)):
+      want, found = ngram.lookup(tokens, length, min_n=lo, max_n=hi, gamma=5)
+      got, got_found = ngram.lookup_candidates(tokens, length, min_n=lo, max_n=hi, count=1,
+                                               depth=5)
+      np.testing.assert_array_equal(got[:, 0], want)
+      np.testing.assert_array_equal(got_found[:, 0], found)
+
+
+def test_lookup_candidates_are_recent_matches_with_distinct_first_tokens():
+  # "1 2" occurs at 1 (-> 7 4), 5 (-> 8 3) and 9 (-> 7 4): the oldest repeats the newest's 7
+  tokens = jnp.asarray([[5, 1, 2, 7, 9, 1, 2, 8, 3, 1, 2, 7, 4, 1, 2]], jnp.int32)
+  got, found = ngram.lookup_candidates(tokens, jnp.asarray([15]), min_n=2, max_n=2, count=3,
+                                       depth=2)
+  np.testing.assert_array_equal(got[0], [[7, 4], [8, 3], [2, 2]])  # none left: pending token
+  np.testing.assert_array_equal(found[0], [True, True, False])

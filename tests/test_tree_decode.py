@@ -66,9 +66,10 @@ GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
                 pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES)
+@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES + [("ngram", SHAPES[1], "topk")])
 def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind, shape, rule):
-  pair = model_pair if kind == "model" else feature_pair
+  pair = dict(model=model_pair, feature=feature_pair,
+              ngram=model_pair[:2] + (NgramDraft(2), None))[kind]
   target, tp = pair[:2]
   ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
                                sampling=GREEDY)
@@ -180,6 +181,7 @@ def exact_sequence_probs(config, params, sampling) -> np.ndarray:
 
 
 LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
+             ("ngram", (2, 1, 1), "topk", 3),
              pytest.param("feature", (2, 1), "sampled", 2, marks=pytest.mark.slow)]
 
 
@@ -194,7 +196,9 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
                              sampling=sampling, seed=seed,
                              tree=TreeShape.from_branching(branching), tree_rule=rule)
   assert (out.lengths == NEW).all()
-  if not control:  # the draft is neither useless nor the target
+  if isinstance(draft, NgramDraft):  # lookups exist in 3 + 3 tokens of 4 kinds, and pay
+    assert (out.accepted > 0).any()
+  elif not control:  # the draft is neither useless nor the target
     assert 0.2 < out.acceptance_rate() < 0.95
   index = (out.tokens * VOCAB ** np.arange(NEW - 1, -1, -1)).sum(axis=1)
   return chi_square_pvalue(index, exact)
@@ -203,7 +207,8 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
 @pytest.mark.parametrize("kind,branching,rule,seed", LAW_CASES)
 def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, kind,
                                                    branching, rule, seed):
-  pair = law_pair if kind == "model" else law_feature_pair
+  pair = dict(model=law_pair, feature=law_feature_pair,
+              ngram=law_pair[:2] + (NgramDraft(1), None))[kind]
   pvalue = tree_law_pvalue(pair, branching, rule, seed)
   assert pvalue > SIGNIFICANCE, pvalue
 
@@ -234,11 +239,24 @@ def test_tree_with_gamma_auto_is_refused(model_pair):
     generate(model_pair, gamma="auto", tree=SHAPES[0])
 
 
-def test_tree_with_a_lookup_draft_is_refused(model_pair):
+@pytest.mark.parametrize("shape,rule,match", [
+    (TreeShape.from_branching((3, 1)), "sampled", "needs tree_rule 'topk'"),
+    (SHAPES[0], "topk", "chains below the root"),
+])
+def test_lookup_tree_needs_topk_and_chains_below_the_root(model_pair, shape, rule, match):
   target, tp = model_pair[:2]
-  with pytest.raises(ValueError, match="'ngram'"):
+  with pytest.raises(ValueError, match=match):
     speculative_generate(tp, None, PROMPTS, target_config=target, draft_config=NgramDraft(),
-                         gamma=1, max_new_tokens=4, tree=SHAPES[0])
+                         gamma=1, max_new_tokens=4, tree=shape, tree_rule=rule)
+
+
+def test_tree_with_a_hybrid_draft_is_refused(feature_pair):
+  from specdec_jax.ngram import HybridDraft
+  target, tp, draft, dp = feature_pair
+  with pytest.raises(ValueError, match="'hybrid'"):
+    speculative_generate(tp, dp, PROMPTS, target_config=target,
+                         draft_config=HybridDraft(draft), gamma=1, max_new_tokens=4,
+                         tree=SHAPES[1], tree_rule="topk")
 
 
 def test_unknown_tree_rule_is_refused(model_pair):
