@@ -18,7 +18,10 @@ the loop's decode-state invariant (`speculative`'s module docstring) and its cac
      children are the first followers of up to K earlier matches with distinct first
      tokens, each heading a chain of its match's continuation (`ngram.lookup_candidates`;
      the shape must be such chains below the root, `lookup_tree_ranks`); it is a
-     deterministic candidate set, so rule 'topk' is exact for it.
+     deterministic candidate set, so rule 'topk' is exact for it. A hybrid draft
+     (kind 'hybrid', same rule and shapes) runs its feature draft's tree on every row and
+     takes the lookup's tree on rows with a match of min_n..max_n tokens; the choice
+     depends on known tokens only, so the candidate set is still deterministic.
      An independent draft (kind 'model') gets the root's q by feeding t at ℓ; a feature
      draft (kind 'feature') by the re-read of `drafting.draft_feature` (positions ℓ_d..ℓ,
      true target features), and each node's call takes as context the draft's hidden
@@ -62,7 +65,8 @@ from specdec_jax.tree_shapes import TreeShape
 from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verify
 
 Array = jax.Array
-TREE_DRAFT_KINDS = ("model", "feature", "ngram")
+TREE_DRAFT_KINDS = ("model", "feature", "ngram", "hybrid")
+LOOKUP_KINDS = ("ngram", "hybrid")  # rule 'topk', chains below the root
 
 
 def lookup_tree_ranks(shape: TreeShape) -> np.ndarray | None:
@@ -86,10 +90,10 @@ def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
   if kind not in TREE_DRAFT_KINDS:
     raise ValueError(f"a token tree needs an independent or feature draft (kind in "
                      f"{TREE_DRAFT_KINDS}), got a draft of kind {kind!r}")
-  if kind == "ngram" and rule != "topk":
+  if kind in LOOKUP_KINDS and rule != "topk":
     raise ValueError(f"a lookup draft's tree needs tree_rule 'topk' (its candidates are a "
                      f"deterministic set, not draws from q), got {rule!r}")
-  if kind == "ngram" and lookup_tree_ranks(shape) is None:
+  if kind in LOOKUP_KINDS and lookup_tree_ranks(shape) is None:
     raise ValueError(f"a lookup draft's tree must be chains below the root (every node at "
                      f"depth >= 2 an only child, e.g. branching (3, 1, 1)), got rank paths "
                      f"{shape.rank_paths()}")
@@ -146,14 +150,15 @@ def _children(shape: TreeShape, rule: str, start: int, end: int, q_at: Array, ra
   return draw(keys[:, start:end], q_at[:, parents])
 
 
-def lookup_tree(state, *, shape: TreeShape, draft_config) -> Array:
-  """Step 1 for a lookup draft -> nodes int32 [B,N]: node i is depth(i)'s token of the
-  candidate its depth-1 ancestor's rank names (`ngram.lookup_candidates`)."""
+def lookup_tree(state, *, shape: TreeShape, min_n: int, max_n: int) -> tuple[Array, Array]:
+  """Step 1 for a lookup draft -> (nodes int32 [B,N], found bool [B]): node i is depth(i)'s
+  token of the candidate its depth-1 ancestor's rank names (`ngram.lookup_candidates`);
+  found: the row has a match of min_n..max_n tokens."""
   ranks = lookup_tree_ranks(shape)
-  cands, _ = ngram.lookup_candidates(state.tokens, state.num_tokens, min_n=1,
-                                     max_n=draft_config.max_n, count=int(ranks.max()) + 1,
-                                     depth=shape.max_depth)  # [B,K,D]
-  return cands[:, ranks, np.asarray(shape.depths) - 1]
+  cands, found = ngram.lookup_candidates(state.tokens, state.num_tokens, min_n=min_n,
+                                         max_n=max_n, count=int(ranks.max()) + 1,
+                                         depth=shape.max_depth)  # [B,K,D]
+  return cands[:, ranks, np.asarray(shape.depths) - 1], found[:, 0]
 
 
 def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: TreeShape,
@@ -228,13 +233,17 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
   split = jax.vmap(jax.random.split)(spec._step_keys(state))  # [B,2,2]
   draft_keys = jax.vmap(lambda k: jax.random.split(k, n_nodes))(split[:, 0])  # [B,N,2]
   if draft_config.kind == "ngram":  # rule 'topk' (check_tree): q is never read
-    nodes = lookup_tree(state, shape=shape, draft_config=draft_config)
+    nodes, _ = lookup_tree(state, shape=shape, min_n=1, max_n=draft_config.max_n)
     q_at, draft_cache = None, None
-  else:
+  else:  # a hybrid's feature draft runs on every row: its cache stays the emitted tokens'
     nodes, q_at, draft_cache = draft_tree(
         target_params, draft_params, state, draft_keys, shape=shape, rule=rule,
-        draft_config=draft_config, warp_fn=warp_fn, vocab_size=vocab_size,
-        greedy=sampling.temperature == 0)
+        draft_config=feature_part(draft_config) or draft_config, warp_fn=warp_fn,
+        vocab_size=vocab_size, greedy=sampling.temperature == 0)
+    if draft_config.kind == "hybrid":  # rule 'topk': rows with a match propose the lookup's
+      looked, found = lookup_tree(state, shape=shape, min_n=draft_config.min_n,
+                                  max_n=draft_config.max_n)
+      nodes = jnp.where(found[:, None], looked, nodes)
 
   target_in = jnp.concatenate([pending_tokens(state)[:, None], nodes], axis=1)  # [B,N+1]
   positions = length[:, None] + jnp.asarray((0,) + shape.depths)[None, :]
@@ -242,7 +251,7 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
   out = forward(target_params, target_in, positions, with_length(state.target_cache, length),
                 config=target_config, attn_mask=tree_mask(shape, length, slots,
                                                           np.arange(n_nodes + 1)),
-                hidden_layers=draft_config.feature_layers if feature else ())
+                hidden_layers=feature_part(draft_config).feature_layers if feature else ())
   p_at = warp_fn(out[0])  # [B,N+1,V]
   path, block, num_accepted = tree_verify(shape, nodes, q_at, p_at, split[:, 1], rule=rule)
 

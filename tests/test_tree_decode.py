@@ -22,7 +22,7 @@ from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax import speculative as spec
 from specdec_jax.model import forward, init_cache
-from specdec_jax.ngram import NgramDraft
+from specdec_jax.ngram import HybridDraft, NgramDraft
 from specdec_jax.tree_decode import tree_step_fn
 from specdec_jax.tree_shapes import TreeShape
 
@@ -66,10 +66,13 @@ GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
                 pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
 
 
-@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES + [("ngram", SHAPES[1], "topk")])
+@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES + [("ngram", SHAPES[1], "topk"),
+                                                             ("hybrid", SHAPES[1], "topk")])
 def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind, shape, rule):
   pair = dict(model=model_pair, feature=feature_pair,
-              ngram=model_pair[:2] + (NgramDraft(2), None))[kind]
+              ngram=model_pair[:2] + (NgramDraft(2), None),
+              hybrid=feature_pair[:2] + (HybridDraft(feature_pair[2], 2, 2),
+                                         feature_pair[3]))[kind]
   target, tp = pair[:2]
   ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
                                sampling=GREEDY)
@@ -181,7 +184,7 @@ def exact_sequence_probs(config, params, sampling) -> np.ndarray:
 
 
 LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
-             ("ngram", (2, 1, 1), "topk", 3),
+             ("ngram", (2, 1, 1), "topk", 3), ("hybrid", (2, 1, 1), "topk", 4),
              pytest.param("feature", (2, 1), "sampled", 2, marks=pytest.mark.slow)]
 
 
@@ -196,7 +199,7 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
                              sampling=sampling, seed=seed,
                              tree=TreeShape.from_branching(branching), tree_rule=rule)
   assert (out.lengths == NEW).all()
-  if isinstance(draft, NgramDraft):  # lookups exist in 3 + 3 tokens of 4 kinds, and pay
+  if isinstance(draft, (NgramDraft, HybridDraft)):  # lookups exist in 3 + 3 tokens of 4 kinds
     assert (out.accepted > 0).any()
   elif not control:  # the draft is neither useless nor the target
     assert 0.2 < out.acceptance_rate() < 0.95
@@ -208,7 +211,9 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
 def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, kind,
                                                    branching, rule, seed):
   pair = dict(model=law_pair, feature=law_feature_pair,
-              ngram=law_pair[:2] + (NgramDraft(1), None))[kind]
+              ngram=law_pair[:2] + (NgramDraft(1), None),
+              hybrid=law_feature_pair[:2] + (HybridDraft(law_feature_pair[2], 1, 1),
+                                             law_feature_pair[3]))[kind]
   pvalue = tree_law_pvalue(pair, branching, rule, seed)
   assert pvalue > SIGNIFICANCE, pvalue
 
@@ -250,13 +255,12 @@ def test_lookup_tree_needs_topk_and_chains_below_the_root(model_pair, shape, rul
                          gamma=1, max_new_tokens=4, tree=shape, tree_rule=rule)
 
 
-def test_tree_with_a_hybrid_draft_is_refused(feature_pair):
-  from specdec_jax.ngram import HybridDraft
+def test_hybrid_tree_needs_topk(feature_pair):
   target, tp, draft, dp = feature_pair
-  with pytest.raises(ValueError, match="'hybrid'"):
+  with pytest.raises(ValueError, match="needs tree_rule 'topk'"):
     speculative_generate(tp, dp, PROMPTS, target_config=target,
-                         draft_config=HybridDraft(draft), gamma=1, max_new_tokens=4,
-                         tree=SHAPES[1], tree_rule="topk")
+                         draft_config=HybridDraft(draft, 2, 2), gamma=1, max_new_tokens=4,
+                         tree=SHAPES[1], tree_rule="sampled")
 
 
 def test_unknown_tree_rule_is_refused(model_pair):
