@@ -14,12 +14,16 @@ the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below)
 
 The rank table (`--rank_table`, first): one T=0 run with rule 'topk' over a caterpillar
 probe tree (K = 8 children on each rank-0 node, depth 6; `caterpillar`) records each
-step's accepted path (`recorded_paths`). a[d, r] = P(the target's token is the draft's
-rank-r choice at depth d | the path reached depth d along rank-0 nodes), over live rows;
-depths reached by fewer than MIN_REACHED rows share one pooled row (the last, which
-`best_first` also uses for any deeper level). Every tree row at
-T = 0 also gets the rank model's prediction (`tree_shapes.expected_tokens`). Rule 'sampled' at T=0 draws every child as the draft's
-argmax (duplicates): a chain of depth D with extra copies, so it is not run.
+step's accepted path (`recorded_paths`). Per prompt it counts, at each depth d reached
+along rank-0 nodes, which rank r the target's token was (hits) or none; the pooled
+a[d, r] = hits / reached over prompts (depths reached fewer than MIN_REACHED times share
+one last row). Trees are built from a mixture of per-prompt tables (`mixture`: each
+shrunk to the pooled table by SHRINK pseudo-steps), since a pooled table averages away
+how predictable text stays predictable for many tokens. 'best:N' is cross-fitted: the
+prompts are split in two folds (alternating, so each holds half of every domain), and
+each fold decodes with the best-first tree of the *other* fold's tables, so no prompt's
+tree was fitted on that prompt. Every row at T = 0 also gets the rank model's
+prediction under the whole set's mixture (`tree_shapes.expected_tokens`).
 
 No timing is needed for the tokens per call, so the study may share the machine. It also
 records v(k) = t(k tokens) / t(1 token) of the target (`studies.verify_cost_curve`,
@@ -60,7 +64,7 @@ _SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1", "best
                             "rank table)")
 _CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4", "5", "6"], "chain gammas")
 _RANK_TABLE = flags.DEFINE_bool("rank_table", True, "measure the rank table a[d, r] first")
-PROBE_K, PROBE_DEPTH, MIN_REACHED = 8, 6, 100
+PROBE_K, PROBE_DEPTH, MIN_REACHED, SHRINK = 8, 6, 30, 4
 _LIMIT = flags.DEFINE_integer("limit", 0, "use only the first N prompts (0 = all)")
 _COSTS = flags.DEFINE_bool("costs", True, "measure v(k) and c")
 _COSTS_ONLY = flags.DEFINE_bool("costs_only", False, "keep the rows of --out and time v(k) "
@@ -104,49 +108,88 @@ def recorded_paths(log: list):
 
 
 def rank_table(generate) -> dict:
-  """The rank table from one T=0 'topk' run over `caterpillar` (module docstring)."""
+  """Per prompt, the hits and reached counts of one T=0 'topk' run over `caterpillar`
+  (module docstring), and the pooled table a[d, r]."""
   shape = caterpillar(PROBE_K, PROBE_DEPTH)
   ranks = np.asarray(shape.child_rank)
   log = []
   with recorded_paths(log):
-    out = generate(dict(gamma=1, tree=shape, tree_rule="topk"), 0.0)
-  reached = np.zeros(PROBE_DEPTH, np.int64)
-  hits = np.zeros((PROBE_DEPTH, PROBE_K), np.int64)
+    out = generate(dict(gamma=1, tree=shape, tree_rule="topk"), 0.0, None)
+  rows = out.tokens.shape[0]
+  reached = np.zeros((rows, PROBE_DEPTH), np.int64)
+  hits = np.zeros((rows, PROBE_DEPTH, PROBE_K), np.int64)
   for done, path, n in log:
     for b in np.flatnonzero(~done):
       for d in range(PROBE_DEPTH):  # depth d + 1, reached along rank-0 nodes
-        reached[d] += 1
+        reached[b, d] += 1
         if n[b] <= d:
           break
-        hits[d, ranks[path[b, d]]] += 1
+        hits[b, d, ranks[path[b, d]]] += 1
         if ranks[path[b, d]]:
           break
-  rows = int(max(1, np.sum(reached >= MIN_REACHED)))  # depths 1..rows on their own
-  table = [hits[d] / max(reached[d], 1) for d in range(rows)]
-  if rows < PROBE_DEPTH and reached[rows:].sum():
-    table.append(hits[rows:].sum(0) / reached[rows:].sum())
   return dict(probe=dict(width=PROBE_K, depth=PROBE_DEPTH, rule="topk", temperature=0.0),
-              reached=reached.tolist(), hits=hits.tolist(),
-              accept=[[float(x) for x in row] for row in table],
-              pooled_from_depth=rows + 1, min_reached=MIN_REACHED,
+              reached=reached.sum(0).tolist(), accept=pooled(hits, reached).tolist(),
+              per_prompt=dict(hits=hits.tolist(), reached=reached.tolist()),
+              min_reached=MIN_REACHED, shrink=SHRINK,
               probe_tokens_per_call=float(np.mean(out.lengths / out.steps_per_row)))
 
 
-def plan(accept):
-  """[(label, kind, shape or gamma, rule, temperature)] in run order."""
+def pooled(hits: np.ndarray, reached: np.ndarray) -> np.ndarray:
+  """[D', K]: a[d, r] over all given prompts; depths reached fewer than MIN_REACHED times
+  share one last row."""
+  h, n = hits.sum(0), reached.sum(0)
+  own = int(max(1, np.sum(n >= MIN_REACHED)))
+  table = [h[d] / max(n[d], 1) for d in range(own)]
+  if own < len(n) and n[own:].sum():
+    table.append(h[own:].sum(0) / n[own:].sum())
+  return np.asarray(table)
+
+
+def mixture(hits: np.ndarray, reached: np.ndarray) -> np.ndarray:
+  """[P, D', K]: one table per prompt, each shrunk towards the pooled table by SHRINK
+  pseudo-steps per depth, a[p, d] = (hits + SHRINK a_pool[d]) / (reached + SHRINK)."""
+  pool = pooled(hits, reached)
+  depth = pool.shape[0]
+  h = np.concatenate([hits[:, :depth - 1], hits[:, depth - 1:].sum(1, keepdims=True)], 1)
+  n = np.concatenate([reached[:, :depth - 1], reached[:, depth - 1:].sum(1, keepdims=True)], 1)
+  return (h + SHRINK * pool[None]) / (n + SHRINK)[:, :, None]
+
+
+def folds(count: int) -> list[np.ndarray]:
+  """Two folds of prompt indices, alternating (the set lists each domain's prompts
+  together, so each fold holds about half of every domain)."""
+  index = np.arange(count)
+  return [index[index % 2 == 0], index[index % 2 == 1]]
+
+
+def cross_fitted(table: dict, num_nodes: int) -> list[tuple[np.ndarray, TreeShape]]:
+  """Per fold: (its prompt indices, the best-first tree of the other fold's mixture)."""
+  hits = np.asarray(table["per_prompt"]["hits"])
+  reached = np.asarray(table["per_prompt"]["reached"])
+  out = []
+  for fold in folds(len(hits)):
+    other = np.setdiff1d(np.arange(len(hits)), fold)
+    out.append((fold, tree_shapes.best_first(mixture(hits[other], reached[other]), num_nodes)))
+  return out
+
+
+def plan(table):
+  """[(label, kind, what, rule, temperature)] in run order; `what` is γ for a chain and a
+  list of (prompt indices, TreeShape) for a tree (one entry: every prompt)."""
   out = []
   for t in (0.0, 1.0):
     for g in _CHAINS.value:
       out.append((f"chain {g}", "chain", int(g), "block", t))
     for s in _SHAPES.value:
       if s.startswith("best:"):
-        if accept is None:
+        if table is None:
           raise ValueError(f"shape {s!r} needs the rank table (--rank_table)")
-        shape, label = tree_shapes.best_first(accept, int(s[5:])), f"best-first {s[5:]}"
+        what, label = cross_fitted(table, int(s[5:])), f"best-first {s[5:]}"
       else:
-        shape, label = TreeShape.from_branching(tuple(int(b) for b in s.split("x"))), f"tree {s}"
+        what = [(None, TreeShape.from_branching(tuple(int(b) for b in s.split("x"))))]
+        label = f"tree {s}"
       for rule in (("topk",) if t == 0 else ("sampled", "topk")):
-        out.append((label, "tree", shape, rule, t))
+        out.append((label, "tree", what, rule, t))
   return out
 
 
@@ -176,40 +219,54 @@ def main(_):
       metric="tokens per target call = emitted tokens / loop steps, per prompt (row); "
              "mean over prompts with the 95% Student-t interval"), rows=[])
 
-  def generate(kw, temp):
+  def generate(kw, temp, rows):
+    """Decodes the prompts `rows` (None: all), padded to the whole set's width."""
+    chosen = ids if rows is None else [ids[i] for i in rows]
     return spec.speculative_generate(
-        models.target_params, draft_params, ids, target_config=models.target_config,
+        models.target_params, draft_params, chosen, target_config=models.target_config,
         draft_config=draft_cfg, max_new_tokens=new, sampling=SamplingConfig(temp), seed=0,
-        vocab_size=models.vocab_size, prompt_width=width, **kw)
+        row_ids=None if rows is None else np.asarray(rows), vocab_size=models.vocab_size,
+        prompt_width=width, **kw)
 
-  accept = None
+  table = mix = None
   if _RANK_TABLE.value:
     t0 = time.perf_counter()
-    doc["rank_table"] = rank_table(generate)
-    doc["rank_table"]["seconds"] = time.perf_counter() - t0
-    accept = np.asarray(doc["rank_table"]["accept"])
-    print("rank table a[d, r]:\n" + "\n".join(" ".join(f"{x:.3f}" for x in row)
-                                              for row in accept), flush=True)
+    table = doc["rank_table"] = rank_table(generate)
+    table["seconds"] = time.perf_counter() - t0
+    mix = mixture(np.asarray(table["per_prompt"]["hits"]),
+                  np.asarray(table["per_prompt"]["reached"]))
+    print("rank table a[d, r] (pooled):\n" + "\n".join(
+        " ".join(f"{x:.3f}" for x in row) for row in table["accept"]), flush=True)
     atomic_write_json(_OUT.value, doc)
-  for label, kind, what, rule, temp in plan(accept):
+  for label, kind, what, rule, temp in plan(table):
     t0 = time.perf_counter()
-    kw = (dict(gamma=what) if kind == "chain"
-          else dict(gamma=1, tree=what, tree_rule=rule))
-    out = generate(kw, temp)
-    per_row = out.lengths / out.steps_per_row
+    if kind == "chain":
+      per_row = generate(dict(gamma=what), temp, None)
+      per_row = per_row.lengths / per_row.steps_per_row
+      nodes = depth = what
+      shapes = [TreeShape.chain(what)]
+    else:
+      per_row = np.zeros(len(ids))
+      for rows, shape in what:
+        out = generate(dict(gamma=1, tree=shape, tree_rule=rule), temp, rows)
+        per_row[slice(None) if rows is None else rows] = out.lengths / out.steps_per_row
+      shapes = [shape for _, shape in what]
+      nodes = shapes[0].num_nodes
+      depth = float(np.mean([sh.max_depth for sh in shapes]))  # folds' trees may differ
     mean, low, high = prompt_sets.mean_interval(per_row)
-    nodes = what if kind == "chain" else what.num_nodes
-    depth = what if kind == "chain" else what.max_depth
     row = dict(config=label, kind=kind, nodes=nodes, depth=depth, rule=rule,
                temperature=temp, tokens_per_call=mean, ci95=[low, high],
                per_prompt=[float(x) for x in per_row], seconds=time.perf_counter() - t0)
     if kind == "tree":
-      row["paths"] = tree_shapes.paths_string(what)
-    if accept is not None and temp == 0:
-      shape = TreeShape.chain(what) if kind == "chain" else what
-      row["model_tokens_per_call"] = tree_shapes.expected_tokens(shape, accept)
+      row["paths"] = " | ".join(tree_shapes.paths_string(sh) for sh in shapes)
+      if len(shapes) > 1:
+        row["cross_fitted"] = "fold k (prompts i % 2 == k) decodes with the tree built from " \
+                              "the other fold's rank tables"
+    if mix is not None and temp == 0:
+      row["model_tokens_per_call"] = float(np.mean(
+          [tree_shapes.expected_tokens(sh, mix) for sh in shapes]))
     doc["rows"].append(row)
-    print(f"{label:12s} N={nodes:2d} D={depth} {rule:7s} T={temp:g}: {mean:.3f} "
+    print(f"{label:12s} N={nodes:2d} D={depth:g} {rule:7s} T={temp:g}: {mean:.3f} "
           f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
     atomic_write_json(_OUT.value, doc)
   if _COSTS.value:  # after the decoding runs: v(k) up to the widest call, c

@@ -301,7 +301,9 @@ def tree_table(doc: dict) -> list[str]:
                   "rank model", "v(N+1)", "predicted speedup"], rows)
   best = [r for r in doc.get("rows", []) if r.get("paths") and r["config"].startswith("best")]
   if best:
-    lines += ["", "Best-first trees (rank paths, `tree_shapes.parse_tree`): "
+    lines += ["", "Best-first trees (rank paths, `tree_shapes.parse_tree`; where two are given, "
+              "each fold of the prompts decodes with the tree built from the other fold's "
+              "rank tables): "
               + "; ".join(f"{r['config']}: `{r['paths']}`" for r in best
                           if r["temperature"] == best[0]["temperature"])]
   ranks = doc.get("rank_table")
@@ -310,15 +312,16 @@ def tree_table(doc: dict) -> list[str]:
     probe = ranks.get("probe", {})
     header = ["depth"] + [f"rank {k}" for k in range(len(acc[0]))]
     body = []
+    pooled_last = len(acc) < len(ranks.get("reached", acc))
     for d, row in enumerate(acc, 1):
-      label = str(d) if d < ranks.get("pooled_from_depth", len(acc) + 1) else f"{d}+"
+      label = f"{d}+" if pooled_last and d == len(acc) else str(d)
       body.append([label] + [num(x, ".3f") for x in row])
     lines += ["", f"Rank table a[d, r] = P(the target's token is the draft's rank-r choice at "
               f"depth d | depth d reached), T = 0, from a caterpillar probe tree "
               f"({probe.get('width', '?')} children per rank-0 node, depth "
-              f"{probe.get('depth', '?')}; rows reached by fewer than "
-              f"{ranks.get('min_reached', '?')} steps pooled); depths reached: "
-              f"{ranks.get('reached')}.", ""]
+              f"{probe.get('depth', '?')}; depths reached by fewer than "
+              f"{ranks.get('min_reached', '?')} steps pooled), over all prompts; depths "
+              f"reached: {ranks.get('reached')}.", ""]
     lines += table(header, body)
   if costs:
     lines += ["", f"Predicted speedup = tokens per call / (v(N+1) + D c), c = "

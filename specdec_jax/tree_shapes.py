@@ -190,59 +190,67 @@ class TreeShape:
     return np.asarray(self.parents, np.int32) + 1
 
 
-def _rate(accept: np.ndarray, depth: int, rank: int) -> float:
-  """a[depth, rank] (depth 1-based; depths past the table use its last row; ranks past
-  it are 0)."""
-  row = accept[min(depth, accept.shape[0]) - 1]
-  return float(row[rank]) if rank < row.shape[0] else 0.0
+def _rates(accept: np.ndarray, depth: int, rank: int) -> np.ndarray:
+  """a[:, depth, rank] over the P tables (depth 1-based; depths past a table use its last
+  row; ranks past it are 0) -> [P]."""
+  row = accept[:, min(depth, accept.shape[1]) - 1]
+  return row[:, rank] if rank < row.shape[1] else np.zeros(accept.shape[0])
 
 
 def _check_accept(accept) -> np.ndarray:
+  """[D', K] or [P, D', K] rates -> float64 [P, D', K]."""
   table = np.asarray(accept, np.float64)
-  if table.ndim != 2 or table.size == 0 or not np.isfinite(table).all() \
-      or (table < 0).any() or (table.sum(1) > 1 + 1e-9).any():
-    raise ValueError("accept must be a non-empty [D, K] table of rates >= 0 whose rows sum "
-                     f"to at most 1, got {np.asarray(accept).tolist()!r}")
+  if table.ndim == 2:
+    table = table[None]
+  if table.ndim != 3 or table.size == 0 or not np.isfinite(table).all() \
+      or (table < 0).any() or (table.sum(-1) > 1 + 1e-9).any():
+    raise ValueError("accept must be a non-empty [D, K] (or [P, D, K]) table of rates >= 0 "
+                     f"whose rows sum to at most 1, got {np.asarray(accept).tolist()!r}")
   return table
 
 
+def _path_probs(table: np.ndarray, path) -> np.ndarray:
+  """[P]: Π_d a_p[d, r_d] along a rank path, per table p."""
+  prob = np.ones(table.shape[0])
+  for depth, rank in enumerate(path, 1):
+    prob = prob * _rates(table, depth, rank)
+  return prob
+
+
 def expected_tokens(shape: TreeShape, accept) -> float:
-  """Tokens per target call the rank model predicts: 1 + Σ_nodes Π_path a[d, r].
+  """Tokens per target call the rank model predicts: 1 + Σ_nodes mean_p Π_path a_p[d, r].
 
   accept: [D', K] rates, a[d-1, r] = P(the target's token is the draft's rank-r choice at
-  depth d | the path down to its parent was accepted); greedy (T = 0) with rule 'topk'.
-  The model takes each level's rate as independent of the ranks above it.
+  depth d | the path down to its parent was accepted), greedy (T = 0) with rule 'topk';
+  or [P, D', K], P such tables (e.g. one per prompt) averaged with equal weight, a
+  mixture that keeps the correlation between depths that one pooled table loses. Within
+  a table each level's rate is taken as independent of the ranks above it.
   """
   table = _check_accept(accept)
-  total = 1.0
-  for path in shape.rank_paths():
-    total += float(np.prod([_rate(table, d, r) for d, r in enumerate(path, 1)]))
-  return total
+  return 1.0 + float(sum(_path_probs(table, path).mean() for path in shape.rank_paths()))
 
 
 def best_first(accept, num_nodes: int, max_depth: int = 16) -> TreeShape:
-  """The `num_nodes`-node tree with the largest `expected_tokens` under accept [D', K].
+  """A `num_nodes`-node tree of large `expected_tokens` under accept ([D', K] or
+  [P, D', K]).
 
-  Adds, one at a time, the candidate node of the highest path probability: a first
-  child of a chosen node (or of the root) or the next-ranked sibling of one. When rates
-  fall with rank and each factor is at most 1, every prefix and lower-ranked sibling
-  of a chosen path is at least as likely, so the greedy set is optimal (Medusa and
-  EAGLE choose their static trees this way).
+  Adds, one at a time, the candidate node of the highest mean path probability: a first
+  child of a chosen node (or of the root) or the next-ranked sibling of one. With one
+  table whose rates fall with rank (each at most 1), every prefix and lower-ranked
+  sibling of a chosen path is at least as likely, so the greedy set is optimal (Medusa
+  and EAGLE choose their static trees this way).
   """
   table = _check_accept(accept)
   num_nodes = _check_int("num_nodes", num_nodes, 1)
   max_depth = _check_int("max_depth", max_depth, 1)
-  chosen, frontier = [], {(0,): _rate(table, 1, 0)}
+  chosen, frontier = [], {(0,): _rates(table, 1, 0)}
   while len(chosen) < num_nodes and frontier:
-    path = max(frontier, key=lambda t: (frontier[t], -len(t)))
+    path = max(frontier, key=lambda t: (frontier[t].mean(), -len(t)))
     prob = frontier.pop(path)
     chosen.append(path)
     if len(path) < max_depth:
-      frontier[path + (0,)] = prob * _rate(table, len(path) + 1, 0)
-    base = _rate(table, len(path), path[-1])
-    if base > 0:
-      frontier[path[:-1] + (path[-1] + 1,)] = prob / base * _rate(table, len(path),
-                                                                     path[-1] + 1)
+      frontier[path + (0,)] = prob * _rates(table, len(path) + 1, 0)
+    frontier[path[:-1] + (path[-1] + 1,)] = _path_probs(table, path[:-1] + (path[-1] + 1,))
   return TreeShape.from_paths(chosen)
 
 

@@ -279,8 +279,8 @@ TREES = dict(
           dict(config="chain 1", kind="chain", nodes=1, depth=1, rule="block", temperature=1.0,
                tokens_per_call=1.4, ci95=[1.3, 1.5])],
     costs=dict(v={"2": 1.3, "4": 1.3, "5": 1.4, "16": 2.1}, c=0.05, batch=1, context=128),
-    rank_table=dict(probe=dict(width=2, depth=3), reached=[300, 120, 40], min_reached=100,
-                    pooled_from_depth=3, accept=[[0.4, 0.1], [0.45, 0.12], [0.5, 0.1]]))
+    rank_table=dict(probe=dict(width=2, depth=4), reached=[300, 120, 40, 20], min_reached=30,
+                    accept=[[0.4, 0.1], [0.45, 0.12], [0.5, 0.1]]))
 
 
 def test_tree_study_table_and_headline(tmp_path):

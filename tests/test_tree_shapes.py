@@ -106,3 +106,18 @@ def test_best_first_with_no_second_choices_is_a_chain():
 def test_bad_input_raises(make, match):
   with pytest.raises(ValueError, match=match):
     make()
+
+
+def test_a_mixture_of_tables_averages_their_predictions():
+  """[P, D, K]: the mean of the P tables' figures; best-first then serves both kinds of
+  text: a deep spine for a predictable table and wide first levels for a hard one."""
+  easy = np.array([[0.8, 0.0, 0.0]])
+  hard = np.array([[0.3, 0.25, 0.2]])
+  mix = np.stack([easy, hard])
+  for shape in (TreeShape.chain(4), TreeShape.from_branching((3, 1))):
+    assert expected_tokens(shape, mix) == pytest.approx(
+        (expected_tokens(shape, easy) + expected_tokens(shape, hard)) / 2)
+  best = best_first(mix, 8)
+  assert best.max_depth >= 4 and len(best.children()[0]) >= 2, paths_string(best)
+  assert expected_tokens(best, mix) > max(expected_tokens(best_first(easy, 8), mix),
+                                          expected_tokens(best_first(hard, 8), mix))
