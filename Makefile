@@ -16,11 +16,17 @@ $(STAMP): requirements.txt requirements-nodeps.txt
 run: $(STAMP)
 	$(PY) scripts/run.py
 
+# pytest-xdist, one test file per worker (--dist loadfile keeps each module's fixtures and
+# compiled programs in one process); most of the time is XLA compilation, which is mostly
+# single-threaded. `make test TEST_WORKERS=0` runs the suite in one process.
+TEST_WORKERS ?= 2
+PYTEST_XDIST = -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" --durations=20 tests
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_XDIST) --durations=20 tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_XDIST) tests
 
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --config=configs/tiny.py

@@ -36,3 +36,22 @@ def release_compiled_programs():
   """jax.clear_caches() after each test module (see the module docstring)."""
   yield
   jax.clear_caches()
+
+
+# `make test` runs the suite in pytest-xdist workers (Makefile); each worker collects and
+# deselects, so the controller's summary line would not say how many tests `-m "not slow"`
+# left out. The workers report the count and the controller adds it to its summary.
+def pytest_deselected(items):
+  config = items[0].config if items else None
+  if config is not None and hasattr(config, "workeroutput"):  # an xdist worker
+    config.workeroutput["deselected"] = config.workeroutput.get("deselected", 0) + len(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+  """Every worker deselects the same tests: the count of one worker goes to the summary."""
+  reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+  count = getattr(node, "workeroutput", {}).get("deselected", 0)
+  if reporter is not None and count and not getattr(node.config, "_deselected_reported", False):
+    node.config._deselected_reported = True
+    reporter.stats.setdefault("deselected", []).extend([None] * count)
