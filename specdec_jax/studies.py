@@ -82,17 +82,12 @@ def interleaved_seconds(fns: dict[str, Callable[[], object]],
   return {name: float(np.median(t)) for name, t in times.items()}, results
 
 
-def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
-                 repeats: int = 20, return_logits: bool = True,
-                 input_embed=None) -> float:
-  """Median seconds of one cached forward of `tokens` new tokens after `context` ones.
-
-  A feature draft needs input_embed (the target's embedding) and is timed as it drafts:
-  on its own hidden state as context, returning that state too. An n-gram draft has no
-  forward: 0.0 (its lookup runs inside the step and shows in the measured speedup).
-  """
+def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
+                 return_logits: bool = True, input_embed=None) -> Callable[[], object] | None:
+  """A zero-argument timed call: one cached forward of `tokens` new tokens after `context`
+  ones, blocked on; None for an n-gram draft (no forward). See `call_seconds`."""
   if config.kind == "ngram":
-    return 0.0
+    return None
   if config.kind == "hybrid":  # timed as its feature draft, which runs every step
     config = config.feature
   slots = context + tokens
@@ -103,9 +98,22 @@ def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, contex
   if config.kind == "feature":
     feature = dict(input_embed=input_embed, hidden_layers=(config.num_layers,),
                    context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
-  return median_seconds(lambda: _timed_forward(params, toks, pos, cache, config=config,
-                                               return_logits=return_logits, **feature),
-                        repeats)[1]
+  return lambda: jax.block_until_ready(_timed_forward(
+      params, toks, pos, cache, config=config, return_logits=return_logits, **feature))
+
+
+def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
+                 repeats: int = 20, return_logits: bool = True,
+                 input_embed=None) -> float:
+  """Median seconds of one cached forward of `tokens` new tokens after `context` ones.
+
+  A feature draft needs input_embed (the target's embedding) and is timed as it drafts:
+  on its own hidden state as context, returning that state too. An n-gram draft has no
+  forward: 0.0 (its lookup runs inside the step and shows in the measured speedup).
+  """
+  fn = forward_call(params, config, batch=batch, tokens=tokens, context=context,
+                    return_logits=return_logits, input_embed=input_embed)
+  return 0.0 if fn is None else median_seconds(fn, repeats)[1]
 
 
 # One jitted forward for every timing call: compiled once per (config, shapes), not per call.
@@ -114,22 +122,32 @@ _timed_forward = jax.jit(forward, static_argnames=("config", "return_logits", "h
 
 def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
                       max_tokens: int, repeats: int = 20) -> dict[int, float]:
-  """v(k) = t(k tokens) / t(1 token) for k = 1..max_tokens."""
-  one = call_seconds(params, config, batch=batch, tokens=1, context=context, repeats=repeats)
-  return {k: (1.0 if k == 1 else call_seconds(params, config, batch=batch, tokens=k,
-                                               context=context, repeats=repeats) / one)
-          for k in range(1, max_tokens + 1)}
+  """v(k) = t(k tokens) / t(1 token) for k = 1..max_tokens, the widths timed in turn
+  within each of `repeats` rounds (`interleaved_seconds`), so a drift in machine speed
+  hits every width alike instead of biasing the widths timed late."""
+  fns = {k: forward_call(params, config, batch=batch, tokens=k, context=context)
+         for k in range(1, max_tokens + 1)}
+  for fn in fns.values():  # compile
+    fn()
+  seconds, _ = interleaved_seconds(fns, repeats)
+  return {k: (1.0 if k == 1 else seconds[k] / seconds[1]) for k in fns}
 
 
 def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
                      draft_config, *, batch: int, context: int,
                      repeats: int = 20) -> float:
-  """c = draft step time / target step time (one token each, same batch and context)."""
-  t = call_seconds(target_params, target_config, batch=batch, tokens=1, context=context,
-                   repeats=repeats)
-  d = call_seconds(draft_params, draft_config, batch=batch, tokens=1, context=context,
-                   repeats=repeats, input_embed=target_params.get("embed"))
-  return d / t
+  """c = draft step time / target step time (one token each, same batch and context),
+  the two calls timed in turn (`interleaved_seconds`)."""
+  draft = forward_call(draft_params, draft_config, batch=batch, tokens=1, context=context,
+                       input_embed=target_params.get("embed"))
+  if draft is None:
+    return 0.0
+  fns = dict(target=forward_call(target_params, target_config, batch=batch, tokens=1,
+                                 context=context), draft=draft)
+  for fn in fns.values():  # compile
+    fn()
+  seconds, _ = interleaved_seconds(fns, repeats)
+  return seconds["draft"] / seconds["target"]
 
 
 @dataclasses.dataclass
