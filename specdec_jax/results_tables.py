@@ -342,20 +342,16 @@ def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
     trees = [r for r in rows if r["kind"] == "tree"]
     if not chains or not trees:
       continue
-    chain = max(chains, key=lambda r: r["tokens_per_call"])
-    tree = max(trees, key=lambda r: r["tokens_per_call"])
-    out.append((f"{title}, T = {t:g}: best tree's tokens per target call over the best "
-                f"chain's",
-                f"{tree['tokens_per_call'] / chain['tokens_per_call']:.2f}x "
-                f"({tree['config']} {tree['rule']}: {_tree_cell(tree)}; {chain['config']}: "
-                f"{_tree_cell(chain)})"))
-    if all(r.get("predicted_speedup") for r in rows):
-      fast_chain = max(chains, key=lambda r: r["predicted_speedup"])
-      fast_tree = max(trees, key=lambda r: r["predicted_speedup"])
-      out.append((f"{title}, T = {t:g}: predicted speedup from v(N+1) and c, fastest tree "
-                  f"over fastest chain",
-                  f"{fast_tree['predicted_speedup'] / fast_chain['predicted_speedup']:.2f}x "
-                  f"({fast_tree['config']} {fast_tree['rule']}: "
-                  f"{fast_tree['predicted_speedup']:.2f}x; {fast_chain['config']}: "
-                  f"{fast_chain['predicted_speedup']:.2f}x)"))
+    for key, what, cell in (
+        ("tokens_per_call", "best tree's tokens per target call over the best chain's",
+         _tree_cell),
+        ("predicted_speedup", "predicted speedup from v(N+1) and c, fastest tree over "
+         "fastest chain", lambda r: f"{r['predicted_speedup']:.2f}x")):
+      if not all(r.get(key) for r in rows):
+        continue
+      chain = max(chains, key=lambda r: r[key])
+      tree = max(trees, key=lambda r: r[key])
+      out.append((f"{title}, T = {t:g}: {what}",
+                  f"{tree[key] / chain[key]:.2f}x ({tree['config']} {tree['rule']}: "
+                  f"{cell(tree)}; {chain['config']}: {cell(chain)})"))
   return out or [(title, "no rows")]
