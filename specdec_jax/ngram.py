@@ -148,11 +148,19 @@ def lookup(tokens: Array, length: Array, *, min_n: int, max_n: int,
   for n in range(max_n, min_n - 1, -1):  # longest match first
     j = match_start(tokens, length, n)
     follow = jnp.where((follow < 0) & (j >= 0), j + n, follow)
+  return continuations(tokens, length, follow[:, None], gamma)[:, 0], follow >= 0
+
+
+def continuations(tokens: Array, length: Array, follow: Array, depth: int) -> Array:
+  """int32 [B,K,D]: the D tokens from each first follower follow [B,K] (index j + n of a
+  match), read with the match's shift d = L - n - j (periodic past L); the pending token
+  t[L-1] where follow < 0 (no match)."""
   found = follow >= 0
-  shift = jnp.where(found, length - follow, 1)  # d = L - n - j >= 1
-  idx = jnp.where(found[:, None], follow[:, None] + jnp.arange(gamma)[None, :] % shift[:, None],
-                  (length - 1)[:, None])
-  return jnp.take_along_axis(tokens, idx, axis=1).astype(jnp.int32), found
+  shift = jnp.where(found, length[:, None] - follow, 1)  # d >= 1
+  idx = jnp.where(found[..., None], follow[..., None] + jnp.arange(depth) % shift[..., None],
+                  (length - 1)[:, None, None])  # [B,K,D]
+  out = jnp.take_along_axis(tokens, idx.reshape(idx.shape[0], -1), axis=1)
+  return out.reshape(idx.shape).astype(jnp.int32)
 
 
 def lookup_candidates(tokens: Array, length: Array, *, min_n: int, max_n: int, count: int,
@@ -184,14 +192,7 @@ def lookup_candidates(tokens: Array, length: Array, *, min_n: int, max_n: int, c
   order = jnp.argsort(~keep, axis=1, stable=True)[:, :count]  # kept ones, most recent first
   follow = jnp.where(jnp.take_along_axis(keep, order, 1),
                      jnp.take_along_axis(follow, order, 1), -1)  # [B,K]
-  found = follow >= 0
-  shift = jnp.where(found, length[:, None] - follow, 1)
-  idx = jnp.where(found[..., None],
-                  follow[..., None] + jnp.arange(depth) % shift[..., None],
-                  (length - 1)[:, None, None])  # [B,K,D]
-  flat = idx.reshape(idx.shape[0], -1)
-  out = jnp.take_along_axis(tokens, flat, axis=1).reshape(idx.shape)
-  return out.astype(jnp.int32), found
+  return continuations(tokens, length, follow, depth), follow >= 0
 
 
 def propose(tokens: Array, length: Array, *, max_n: int, gamma: int) -> Array:

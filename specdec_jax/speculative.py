@@ -516,9 +516,10 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
   prompt_width: pad the prompts to at least this width (`prepare_prompts`).
   draft_config: a ModelConfig (independent or feature draft), an `ngram.NgramDraft`
   (draft_params None) or an `ngram.HybridDraft` (draft_params its feature draft's).
-  tree: a `tree_shapes.TreeShape` drafts a token tree each step (`tree_decode`; an
-  independent or feature draft; gamma is then ignored, 'auto' refused); tree_rule
-  'sampled' (SpecInfer, i.i.d. children) or 'topk' (the draft's top-k children).
+  tree: a `tree_shapes.TreeShape` drafts a token tree each step (`tree_decode`; any
+  draft, lookup and hybrid ones with 'topk' and chains below the root; gamma is then
+  ignored, 'auto' refused); tree_rule 'sampled' (SpecInfer, i.i.d. children) or 'topk'
+  (the draft's top-k children).
   """
   _check_params(target_params, target_config, "target")
   _check_params(draft_params, draft_config, "draft")

@@ -88,8 +88,8 @@ def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
     raise ValueError(f"tree_rule must be one of {sorted(TREE_VERIFIERS)}, got {rule!r}")
   kind = getattr(draft_config, "kind", None)
   if kind not in TREE_DRAFT_KINDS:
-    raise ValueError(f"a token tree needs an independent or feature draft (kind in "
-                     f"{TREE_DRAFT_KINDS}), got a draft of kind {kind!r}")
+    raise ValueError(f"a token tree needs a draft of kind in {TREE_DRAFT_KINDS}, got a "
+                     f"draft of kind {kind!r}")
   if kind in LOOKUP_KINDS and rule != "topk":
     raise ValueError(f"a lookup draft's tree needs tree_rule 'topk' (its candidates are a "
                      f"deterministic set, not draws from q), got {rule!r}")
