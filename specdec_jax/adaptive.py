@@ -13,15 +13,21 @@ the cost s(γ) of one speculative step in which a row proposes γ drafts, in pla
 The model leaves out everything but the two models' forward calls; on a 2-core CPU
 that is 0.1 to 0.5 of a plain step (more at temperature > 0, where every drafted token
 is sampled over the whole vocabulary), so the measured form is the one the scripts use.
-Each row b keeps an estimate α̂_b of its acceptance: an exponential moving average of
-the exact β_i = Σ min(p_i, q_i) at the drafted positions it observed, in order,
-  α̂ ← (1 - w) α̂ + w β_i,   w = ALPHA_WEIGHT,  α̂ = ALPHA_PRIOR before the first one.
+Each row b keeps an estimate α̂_{b,src} of its acceptance per proposal source src
+(DRAFT = 0: the draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right
+far more often where it matches): an exponential moving average of the exact
+β_i = Σ min(p_i, q_i) at the drafted positions it observed from that source, in order,
+  α̂ ← (1 - w) α̂ + w β_i,   w = ALPHA_WEIGHT,  α̂ = ALPHA_PRIOR[src] before the first one.
+A step's source is LOOKUP where a hybrid's lookup matches the row's known tokens, else
+DRAFT (always DRAFT for the other kinds). Each source has its own step costs: in a step
+where every proposing row takes the lookup, the hybrid's feature draft runs its re-read
+only (q_1 and its cache), not its deeper drafts, so s_lookup(γ) < s(γ) for γ >= 2.
 A position is observed when the draft proposed it and it was reached (every earlier
 draft accepted). A step with γ_b = 0 proposes nothing, but its draft still computes
 q_1 and the target call gives p_1, so β_1 is observed too: the estimate stays alive
 while the row decodes plainly (a prompt lookup without a match observes nothing).
-Each step row b takes
-  γ_b = argmax_{γ in 0..G} E(α̂_b, γ) / s(γ),   E(α, γ) = Σ_{j=0..γ} α^j
+Each step row b takes, with src its source this step,
+  γ_b = argmax_{γ in 0..G} E(α̂_{b,src}, γ) / s_src(γ),   E(α, γ) = Σ_{j=0..γ} α^j
 (Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ).
 A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so s(0) >= 1: the
 modelled s(0) is 1 + c. A feature draft runs on one γ = 0 step in `FEATURE_LAG` only (its
@@ -44,8 +50,12 @@ Array = jax.Array
 # A γ_max for gamma='auto' when none is given: v(k) measured on 2-core CPUs flattens out
 # past k = 5 while E[tokens] gains little above γ = 4 at α ≤ 0.7 (REFERENCE.md §2, §10).
 DEFAULT_GAMMA_MAX = 4
-ALPHA_PRIOR = 0.5  # α̂ before a row has observed any drafted position
-ALPHA_WEIGHT = 0.2  # EMA weight of each observed β: about the last 5 positions count
+DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt lookup
+# α̂ per source before a row has observed any of its drafted positions, and the EMA weight
+# of each observed β (about the last 10 positions count). Chosen by replaying the held-out
+# set's greedy decodes offline under each rule (scripts/gamma_policy_study.py).
+ALPHA_PRIOR = (0.5, 0.8)
+ALPHA_WEIGHT = 0.1
 # Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
 PAYS_AT_ALPHA = 0.9
 
@@ -53,11 +63,14 @@ PAYS_AT_ALPHA = 0.9
 @dataclasses.dataclass(frozen=True)
 class CostTable:
   """c and v(1..K) of one (machine, target, draft); v[0] = v(1) = 1. step_costs, when
-  measured: s(0..G') of whole steps in plain steps (module docstring); it then decides."""
+  measured: s(0..G') of whole steps in plain steps (module docstring); it then decides.
+  lookup_step_costs (a hybrid draft): s_lookup(0..G') of steps in which every proposing
+  row takes the lookup's proposals; None: the same as step_costs."""
 
   c: float
   verify_costs: tuple[float, ...]
   step_costs: tuple[float, ...] | None = None
+  lookup_step_costs: tuple[float, ...] | None = None
 
   def __post_init__(self):
     if not (isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0):
@@ -67,13 +80,18 @@ class CostTable:
       raise ValueError(f"cost table verify_costs must be finite numbers > 0, got {v!r}")
     if abs(v[0] - 1.0) > 1e-6:
       raise ValueError(f"cost table verify_costs[0] is v(1) and must be 1, got {v[0]!r}")
-    if self.step_costs is not None:
-      s = tuple(self.step_costs)
+    if self.lookup_step_costs is not None and self.step_costs is None:
+      raise ValueError("cost table lookup_step_costs needs step_costs (both are measured)")
+    for name in ("step_costs", "lookup_step_costs"):
+      s = getattr(self, name)
+      if s is None:
+        continue
+      s = tuple(s)
       if not s or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
                           for x in s):
-        raise ValueError(f"cost table step_costs must be finite numbers > 0, got {s!r}")
+        raise ValueError(f"cost table {name} must be finite numbers > 0, got {s!r}")
       if len(s) != len(v):
-        raise ValueError(f"cost table step_costs has {len(s)} entries (s(0..)); it needs one "
+        raise ValueError(f"cost table {name} has {len(s)} entries (s(0..)); it needs one "
                          f"per call width, {len(v)} like verify_costs")
 
   @property
@@ -92,6 +110,14 @@ class CostTable:
     g = np.arange(gamma_max + 1)
     return (np.maximum(g, 1) * self.c + np.asarray(self.verify_costs[: gamma_max + 1])
             ).astype(np.float32)
+
+  def loop_costs(self, gamma_max: int) -> np.ndarray:
+    """float32 [2,G+1]: s_src(0..G) per proposal source (DRAFT, LOOKUP), the decode
+    loop's cost input."""
+    draft = self.as_array(gamma_max)
+    if self.lookup_step_costs is None:
+      return np.stack([draft, draft])
+    return np.stack([draft, np.asarray(self.lookup_step_costs[: gamma_max + 1], np.float32)])
 
   def best_gamma(self, alpha: float, gamma_max: int | None = None) -> int:
     """Host-side twin of `choose_gamma` for one α."""
@@ -112,19 +138,41 @@ class CostTable:
 def choose_gamma(alpha: Array, costs: Array) -> Array:
   """int32 [B]: γ_b maximising E(α̂_b, γ) / s(γ) over 0..G.
 
-  alpha float [B] (α̂); costs float32 [G+1] = s(0..G) (`CostTable.as_array`).
+  alpha float [B] (α̂); costs float32 [G+1] = s(0..G) (`CostTable.as_array`), or [B,G+1]
+  (each row's own).
   """
-  g = jnp.arange(costs.shape[0])
+  g = jnp.arange(costs.shape[-1])
   expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,G+1]
-  return jnp.argmax(expected / costs[None, :], axis=1).astype(jnp.int32)
+  return jnp.argmax(expected / jnp.atleast_2d(costs), axis=1).astype(jnp.int32)
 
 
-def update_alpha(alpha: Array, beta: Array, observed: Array,
-                 weight: float = ALPHA_WEIGHT) -> Array:
-  """float32 [B]: α̂ after the observed positions of one step, in order.
+def choose_gamma_by_source(alpha: Array, costs: Array, source: Array) -> Array:
+  """int32 [B]: `choose_gamma` on each row's α̂ and step costs of its source this step.
 
-  alpha [B]; beta float [B,G] (β_i); observed bool [B,G].
+  alpha float [B,2] (α̂ per source); costs float32 [2,G+1] (`CostTable.loop_costs`);
+  source int [B] (DRAFT or LOOKUP).
   """
+  own = jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
+  return choose_gamma(own, jnp.asarray(costs)[source])
+
+
+def initial_alpha(batch: int) -> Array:
+  """float32 [B,2]: every row's α̂ per source before it observes anything."""
+  return jnp.broadcast_to(jnp.asarray(ALPHA_PRIOR, jnp.float32), (batch, len(ALPHA_PRIOR)))
+
+
+def update_alpha(alpha: Array, beta: Array, observed: Array, source: Array | None = None,
+                 weight: float = ALPHA_WEIGHT) -> Array:
+  """float32 [B] or [B,2]: α̂ after the observed positions of one step, in order.
+
+  alpha [B], or [B,2] per source with source int [B] (the column this step's β update);
+  beta float [B,G] (β_i); observed bool [B,G].
+  """
+  if source is not None:
+    own = jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
+    own = update_alpha(own, beta, observed, weight=weight)
+    return jnp.where(jnp.arange(alpha.shape[1])[None, :] == source[:, None], own[:, None],
+                     alpha)
   for i in range(beta.shape[1]):  # G is small and static
     alpha = jnp.where(observed[:, i], (1.0 - weight) * alpha + weight * beta[:, i], alpha)
   return alpha

@@ -168,7 +168,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
     if not isinstance(costs, adaptive.CostTable):
       raise ValueError(f"gamma='auto' needs a cost table (adaptive.CostTable; the scripts "
                        f"measure one with specdec_jax.machine_costs), got {type(costs).__name__}")
-    cost_array = costs.as_array(gamma)
+    cost_array = costs.loop_costs(gamma)
   elif costs is not None:
     raise ValueError(f"a cost table is used with gamma='auto' only, got gamma={gamma!r}")
   if draft_config is not None:

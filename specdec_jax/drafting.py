@@ -63,8 +63,14 @@ def draft_model(target_params, draft_params, state, draft_keys: Array, *,
 
 
 def draft_feature(target_params, draft_params, state, draft_keys: Array, *,
-                   draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool):
-  """Steps 1'-2' for a feature draft -> (xs [B,G], qs [B,G,V], draft cache)."""
+                   draft_config: ModelConfig, gamma: int, warp_fn, greedy: bool,
+                   shallow: Array | None = None):
+  """Steps 1'-2' for a feature draft -> (xs [B,G], qs [B,G,V], draft cache).
+
+  shallow: bool [] (traced): where true, step 2' is skipped (a `lax.cond`): x_1, q_1 and the
+  re-read's cache as always, zeros at positions 2..G (no row proposes them: see
+  `draft_hybrid`). The cache differs only past ℓ+1, which the next step's re-read rewrites.
+  """
   length = state.num_tokens - 1
   embed = target_params["embed"]
   own = (draft_config.num_layers,)  # the draft's last hidden state: its own context
@@ -91,23 +97,46 @@ def draft_feature(target_params, draft_params, state, draft_keys: Array, *,
     x = draft_sample(keys, q)
     return (cache, x, h[:, 0], pos + 1), (x, q)
 
-  (cache, _, _, _), (xs, qs) = jax.lax.scan(
-      draft_one, (with_length(cache, length + 1), x1, h, length + 1),
-      jnp.swapaxes(draft_keys[:, 1:], 0, 1))
-  xs = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
-  qs = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+  def deep(cache):
+    (cache, _, _, _), (xs, qs) = jax.lax.scan(
+        draft_one, (with_length(cache, length + 1), x1, h, length + 1),
+        jnp.swapaxes(draft_keys[:, 1:], 0, 1))
+    return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
+
+  if gamma == 1:
+    xs, qs = x1[:, None], q1[:, None]
+  else:
+    if shallow is None:
+      rest, qrest, cache = deep(cache)
+    else:
+      b, v = q1.shape
+      rest, qrest, cache = jax.lax.cond(
+          shallow, lambda c: (jnp.zeros((b, gamma - 1), x1.dtype),
+                              jnp.zeros((b, gamma - 1, v), q1.dtype), c), deep, cache)
+    xs = jnp.concatenate([x1[:, None], rest], axis=1)
+    qs = jnp.concatenate([q1[:, None], qrest], axis=1)
   return xs, qs, cache
 
 
 def draft_hybrid(target_params, draft_params, state, draft_keys: Array, *,
-                  draft_config: ngram.HybridDraft, gamma: int, warp_fn, greedy: bool):
+                  draft_config: ngram.HybridDraft, gamma: int, warp_fn, greedy: bool,
+                  lookup: tuple[Array, Array] | None = None, chosen: Array | None = None):
   """The feature draft's steps 1'-2' for every row; rows with a lookup match take its
-  proposals, q one-hot -> (xs [B,G], qs [B,G,V], draft cache)."""
+  proposals, q one-hot -> (xs [B,G], qs [B,G,V], draft cache).
+
+  lookup: (proposals [B,>=G], found [B]) of `ngram.lookup` when the caller has it.
+  chosen int [B] (γ_b, 0 for idle rows): when every row that proposes two or more takes
+  the lookup, the feature draft's deeper drafts (step 2') are skipped: no row proposes
+  them, and every token and q handed to the verifier is the same as with them.
+  """
+  if lookup is None:
+    lookup = ngram.lookup(state.tokens, state.num_tokens, min_n=draft_config.min_n,
+                          max_n=draft_config.max_n, gamma=gamma)
+  looked, found = lookup[0][:, :gamma], lookup[1]
+  shallow = None if chosen is None else jnp.all(found | (chosen <= 1))
   xs, qs, cache = draft_feature(target_params, draft_params, state, draft_keys,
                                 draft_config=draft_config.feature, gamma=gamma,
-                                warp_fn=warp_fn, greedy=greedy)
-  looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=draft_config.min_n,
-                               max_n=draft_config.max_n, gamma=gamma)
+                                warp_fn=warp_fn, greedy=greedy, shallow=shallow)
   one_hot = jax.nn.one_hot(looked, qs.shape[-1], dtype=qs.dtype)
   return (jnp.where(found[:, None], looked, xs), jnp.where(found[:, None, None], one_hot, qs),
           cache)

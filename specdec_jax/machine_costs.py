@@ -10,7 +10,9 @@ decode loop's own step function in one compiled `fori_loop` that rewinds the sta
 same context before each step (so no step pays a copy of the caches), the median of
 `repeats` rounds, the widths and the plain step interleaved in each round. With a feature
 draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's
-probe cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it. Timing takes
+probe cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it. With a hybrid
+draft the same compiled loops also time s_lookup(γ), steps in which every row takes the
+lookup (a context that repeats itself, so every row's lookup matches). Timing takes
 about two minutes on 2 cores (most of it compiling one loop per width), so
 `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use runs/costs/,
 ignored by git) under a key of everything that changes it:
@@ -52,7 +54,7 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
   if sampling is not None:
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=2)  # s(0) per cycle
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=3)  # s_lookup too
   return key
 
 
@@ -80,7 +82,8 @@ STEPS_PER_LOOP = 6
 def measure_steps(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
                   batch: int, sampling, verifier: str = "block", context: int = MEASURE_CONTEXT,
                   repeats: int = STEP_REPEATS, steps: int = STEPS_PER_LOOP) -> CostTable:
-  """The modelled table (`measure`) plus the measured step costs s(0..gamma_max)."""
+  """The modelled table (`measure`) plus the measured step costs s(0..gamma_max) (and
+  s_lookup(0..gamma_max) for a hybrid draft)."""
   import jax
   import numpy as np
 
@@ -95,7 +98,10 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   row_keys = speculative._row_keys(0, np.arange(batch))
   common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab,
                 eos_id=None, max_new_tokens=steps * (gamma_max + 1))
-  costs = table.as_array(gamma_max)
+  # γ_b >= 2 on every row: no drafting width is timed on the hybrid's shallow path unless
+  # every row's lookup matches (the lookup timing)
+  costs = table.loop_costs(gamma_max)
+  costs[:, :2] = 1e3
 
   def rewound(state, start):
     """state with the progress of `start` (the buffers, caches included, kept)."""
@@ -109,32 +115,40 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
                                                   start.target_cache["length"]),
                          draft_cache=draft_cache)
 
-  def timed_loop(step, start):
+  def timed_loop(step, start, *more):
     # params are arguments, as in the decode loop (closed over, XLA folds them as constants)
     loop = jax.jit(lambda tp, dp, s: jax.lax.fori_loop(
         0, steps, lambda i, x: step(tp, dp, rewound(x, s)), s).tokens)
-    return lambda: jax.block_until_ready(loop(target_params, draft_params, start))
+    return [lambda s=s: jax.block_until_ready(loop(target_params, draft_params, s))
+            for s in (start, *more)]
 
   fns = {}
   plain = speculative.init_state_jit(target_params, None, tokens, prompt_len, row_keys,
                                      target_config=target_config, draft_config=None, gamma=0,
                                      max_new_tokens=common["max_new_tokens"])
-  fns["plain"] = timed_loop(lambda tp, dp, x: speculative.autoregressive_step_fn(
+  fns["plain"], = timed_loop(lambda tp, dp, x: speculative.autoregressive_step_fn(
       tp, x, **common), plain)
-  start = speculative.init_state_jit(target_params, draft_params, tokens, prompt_len, row_keys,
-                                     target_config=target_config, draft_config=draft_config,
-                                     gamma=gamma_max, max_new_tokens=common["max_new_tokens"],
-                                     adaptive_gamma=True)
+  starts = [tokens]
+  hybrid = getattr(draft_config, "kind", None) == "hybrid"
+  if hybrid:  # a context of period 16: every row's lookup matches
+    starts.append(np.tile(tokens[:, :16], (1, -(-context // 16)))[:, :context])
+  starts = [speculative.init_state_jit(
+      target_params, draft_params, t, prompt_len, row_keys, target_config=target_config,
+      draft_config=draft_config, gamma=gamma_max, max_new_tokens=common["max_new_tokens"],
+      adaptive_gamma=True) for t in starts]
   verify_fn = speculative.resolve_verifier(verifier)
   for width in range(1, gamma_max + 2):
-    fns[width] = timed_loop(lambda tp, dp, x, width=width: speculative.speculative_step_fn(
+    timed = timed_loop(lambda tp, dp, x, width=width: speculative.speculative_step_fn(
         tp, dp, x, draft_config=draft_config, gamma=gamma_max,
-        verifier=verify_fn, costs=costs, width=width, **common), start)
+        verifier=verify_fn, costs=costs, width=width, **common), *starts)
+    fns[width] = timed[0]
+    if hybrid and width > 1:
+      fns[("lookup", width)] = timed[1]
   lag = speculative.feature_lag(draft_config, True)
   if lag:  # the plain step that skips the feature draft
-    fns["skip"] = timed_loop(lambda tp, dp, x: speculative.speculative_step_fn(
+    fns["skip"], = timed_loop(lambda tp, dp, x: speculative.speculative_step_fn(
         tp, dp, x, draft_config=draft_config, gamma=gamma_max, verifier=verify_fn,
-        costs=costs, width=1, skip_draft=True, **common), start)
+        costs=costs, width=1, skip_draft=True, **common), starts[0])
   for fn in fns.values():  # compile
     fn()
   seconds, _ = studies.interleaved_seconds(fns, repeats)
@@ -142,7 +156,12 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   if lag:  # a γ = 0 row probes (runs the draft) on one plain step in FEATURE_LAG
     skip = seconds["skip"] / seconds["plain"]
     step_costs[0] = ((speculative.FEATURE_LAG - 1) * skip + step_costs[0]) / speculative.FEATURE_LAG
-  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=tuple(step_costs))
+  lookup_costs = None
+  if hybrid:
+    lookup_costs = tuple(step_costs[:1] + [float(seconds[("lookup", k)] / seconds["plain"])
+                                           for k in range(2, gamma_max + 2)])
+  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=tuple(step_costs),
+                   lookup_step_costs=lookup_costs)
 
 
 def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
@@ -153,18 +172,21 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
   try:
     stored = json.loads(path.read_text())
     if stored.get("key") == key and len(stored["verify_costs"]) >= gamma_max + 1:
-      steps = stored.get("step_costs")
+      steps, lookup = stored.get("step_costs"), stored.get("lookup_step_costs")
       return CostTable(c=float(stored["c"]),
                        verify_costs=tuple(float(x) for x in stored["verify_costs"]),
-                       step_costs=None if steps is None else tuple(float(x) for x in steps)
-                       ), False
+                       step_costs=None if steps is None else tuple(float(x) for x in steps),
+                       lookup_step_costs=None if lookup is None
+                       else tuple(float(x) for x in lookup)), False
   except (OSError, ValueError, KeyError, TypeError):
     pass  # missing, unreadable or another table: measure
   table = measure_fn()
   path.parent.mkdir(parents=True, exist_ok=True)
   atomic_write_json(path, dict(key=key, c=table.c, verify_costs=list(table.verify_costs),
                                step_costs=None if table.step_costs is None
-                               else list(table.step_costs)))
+                               else list(table.step_costs),
+                               lookup_step_costs=None if table.lookup_step_costs is None
+                               else list(table.lookup_step_costs)))
   return table, True
 
 
@@ -191,6 +213,9 @@ def describe(table: CostTable) -> str:
       f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1))
   if table.step_costs is not None:
     line += "  s(gamma) = " + " ".join(f"{g}:{x:.2f}" for g, x in enumerate(table.step_costs))
+  if table.lookup_step_costs is not None:
+    line += "  lookup s(gamma) = " + " ".join(
+        f"{g}:{x:.2f}" for g, x in enumerate(table.lookup_step_costs))
   return line
 
 

@@ -120,7 +120,7 @@ class DecodeState:
   accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
   gammas: Array  # int32 [B,M], drafts proposed per row per step (γ_b); -1 where it idled
-  alpha_estimate: Array | None = None  # float32 [B], α̂ of gamma='auto' (`adaptive`)
+  alpha_estimate: Array | None = None  # float32 [B,2], α̂ per source, gamma='auto' (`adaptive`)
   plain_run: Array | None = None  # int32 [B], γ_b = 0 steps since the row's last probe
 
 
@@ -152,19 +152,33 @@ def _step_keys(state: DecodeState) -> Array:
 
 
 def step_plan(state: DecodeState, *, draft_config: DraftConfig, gamma: int,
-              costs: Array | None) -> tuple[Array, Array, Array | None]:
+              costs: Array | None) -> tuple[Array, Array, tuple[Array, Array] | None]:
   """Row b's proposal count this step -> (chosen int32 [B] = γ_b, proposes bool [B],
-  a lookup's proposals int32 [B,G] or None); module docstring, "Per-row proposal counts".
+  a lookup's (proposals int32 [B,G], found bool [B]) or None); module docstring, "Per-row
+  proposal counts". costs float32 [2,G+1] (`adaptive.CostTable.loop_costs`) or None.
   """
   live = ~state.done
-  chosen = (jnp.full(state.num_tokens.shape, gamma, jnp.int32) if costs is None
-            else adaptive.choose_gamma(state.alpha_estimate, costs))
-  proposes, looked = live, None  # rows whose draft has something to say
+  proposes, lookup = live, None  # rows whose draft has something to say
+  if draft_config.kind in ("ngram", "hybrid"):
+    n = (1, draft_config.max_n) if draft_config.kind == "ngram" else (
+        draft_config.min_n, draft_config.max_n)
+    lookup = ngram.lookup(state.tokens, state.num_tokens, min_n=n[0], max_n=n[1], gamma=gamma)
   if draft_config.kind == "ngram":
-    looked, found = ngram.lookup(state.tokens, state.num_tokens, min_n=1,
-                                 max_n=draft_config.max_n, gamma=gamma)
-    proposes = live & found
-  return jnp.where(proposes, chosen, 0), proposes, looked
+    proposes = live & lookup[1]
+  if costs is None:
+    chosen = jnp.full(state.num_tokens.shape, gamma, jnp.int32)
+  else:
+    chosen = adaptive.choose_gamma_by_source(state.alpha_estimate, costs,
+                                             proposal_source(state, draft_config, lookup))
+  return jnp.where(proposes, chosen, 0), proposes, lookup
+
+
+def proposal_source(state: DecodeState, draft_config: DraftConfig, lookup) -> Array:
+  """int32 [B]: each row's proposal source this step (`adaptive`): LOOKUP where a hybrid's
+  lookup matched, else DRAFT. lookup: step_plan's (proposals, found) or None."""
+  if draft_config.kind == "hybrid":
+    return jnp.where(lookup[1], adaptive.LOOKUP, adaptive.DRAFT).astype(jnp.int32)
+  return jnp.full(state.num_tokens.shape, adaptive.DRAFT, jnp.int32)
 
 
 def step_widths(draft_config: DraftConfig, gamma: int, costs) -> tuple[int, ...]:
@@ -180,8 +194,8 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                         skip_draft: bool = False) -> DecodeState:
   """One speculative step for every row (see the module docstring). Not jitted.
 
-  costs: float32 [G+1] (`adaptive.CostTable.as_array`) for gamma='auto' (γ_max = gamma);
-  None for a fixed γ. width: the call width this step takes, when the caller has chosen
+  costs: float32 [2,G+1] (`adaptive.CostTable.loop_costs`) for gamma='auto' (γ_max =
+  gamma); None for a fixed γ. width: the call width this step takes, when the caller has chosen
   it (`decode_loop`: the width `adaptive.width_index` picks from this state); None picks
   it here, a `lax.switch` over `step_widths` where there are several. skip_draft (width
   1, a feature draft, `may_skip_draft` true): a plain step that leaves the feature draft
@@ -196,8 +210,9 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
   draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(split[:, 0])  # [B,G,2]
   verify_keys = split[:, 1]
   live = ~state.done
-  chosen, proposes, looked = step_plan(state, draft_config=draft_config, gamma=gamma,
+  chosen, proposes, lookup = step_plan(state, draft_config=draft_config, gamma=gamma,
                                        costs=costs)
+  extra = dict(lookup=lookup, chosen=chosen) if draft_config.kind == "hybrid" else {}
   widths = step_widths(draft_config, gamma, costs)
   # At T=0 every p is one-hot: `greedy_verify` gives the verifiers' tokens without their
   # V-wide residual arithmetic.
@@ -214,13 +229,13 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
         qs = jnp.zeros((length.shape[0], 1, vocab_size), jnp.float32)
         draft_cache = state.draft_cache
       elif draft_config.kind == "ngram":
-        xs = looked[:, :d]
+        xs = lookup[0][:, :d]
         qs = jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32)
         draft_cache = None
       else:
         xs, qs, draft_cache = DRAFT_FNS[draft_config.kind](
             target_params, draft_params, state, draft_keys[:, :d], draft_config=draft_config,
-            gamma=d, warp_fn=warp_fn, greedy=sampling.temperature == 0)
+            gamma=d, warp_fn=warp_fn, greedy=sampling.temperature == 0, **extra)
       target_in = jnp.concatenate([pending[:, None], xs[:, :width - 1]], axis=1)  # [B,k]
       positions = length[:, None] + jnp.arange(width)[None, :]
       out = forward(target_params, target_in, positions,
@@ -277,8 +292,8 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState, *,
                 & (j < jnp.maximum(chosen, 1)[:, None]))
     if state.plain_run is not None:  # with a feature lag, a γ_b = 0 row observes q_1 only
       observed = observed & ((chosen > 0) | probes(state, chosen))[:, None]  # on its probes
-    state = state.replace(
-        alpha_estimate=adaptive.update_alpha(state.alpha_estimate, beta, observed))
+    state = state.replace(alpha_estimate=adaptive.update_alpha(
+        state.alpha_estimate, beta, observed, proposal_source(state, draft_config, lookup)))
   if state.plain_run is not None:
     state = state.replace(plain_run=jnp.where((chosen > 0) | probes(state, chosen), 0,
                                               state.plain_run + 1))
@@ -408,8 +423,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
       gammas=jnp.full((batch, max_new_tokens), -1, jnp.int32),
-      alpha_estimate=(jnp.full((batch,), adaptive.ALPHA_PRIOR, jnp.float32)
-                      if adaptive_gamma else None),
+      alpha_estimate=adaptive.initial_alpha(batch) if adaptive_gamma else None,
       plain_run=jnp.zeros((batch,), jnp.int32) if lag else None,
   )
 
@@ -435,7 +449,7 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
 
   axis_name: the pmap axis (`parallel.pmap_generate`); mesh: the device mesh of sharded
   inputs (`parallel.mesh_generate`). Neither changes a token. costs: float32 [G+1]
-  (`adaptive.CostTable.as_array`, a traced input: any table, one compiled loop) for
+  (`adaptive.CostTable.loop_costs`, a traced input: any table, one compiled loop) for
   gamma='auto' with γ_max = gamma; None for a fixed γ.
   tree: a `TreeShape` (static): every step is `tree_decode.tree_step_fn` with rule
   tree_rule ('sampled' | 'topk'), one width N+1; gamma must be >= N (state widths).

@@ -30,11 +30,11 @@ from specdec_jax.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
 
 GAMMA_MAX = 3
-# No draft cost and a flat v(k >= 2) = 2: γ = 3 is the best γ >= 1 at every α, and it
-# beats a plain step (score 1) iff 1 + α + α² + α³ > 2, i.e. α̂ > 0.544. Rows start at
+# No draft cost and a flat v(k >= 2) = 1.92: γ = 3 is the best γ >= 1 at every α, and it
+# beats a plain step (score 1) iff 1 + α + α² + α³ > 1.92, i.e. α̂ > 0.515. Rows start at
 # the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1, and back
 # after rejections.
-SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 2.0, 2.0, 2.0))
+SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.92, 1.92, 1.92))
 # v(k) = 5 for k >= 2: no γ >= 1 pays at any α < 1 (E[tokens] <= 4).
 NOTHING_PAYS = CostTable(c=0.0, verify_costs=(1.0, 5.0, 5.0, 5.0))
 GREEDY = SamplingConfig(temperature=0.0)
@@ -141,9 +141,10 @@ def greedy_pairs():
               hybrid=(target, tp, HybridDraft(feature, 2, 2), feature_params))
 
 
-# The greedy draws of β in {0, 1} move α̂ in steps of 0.2 around the prior: under this
-# table a row takes γ = 0 below about 0.15, 1 up to about 0.5, and more above.
-GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.1, 1.3, 1.6))
+# The greedy draws of β in {0, 1} move α̂ by about 0.05 near the prior 0.5 (weight 0.1):
+# under this table a row takes γ = 0 below about 0.48, 1 up to about 0.55, 2 up to about
+# 0.62, and 3 above.
+GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.50, 1.76, 1.98))
 
 
 @pytest.mark.parametrize("kind,verifier", [
@@ -364,7 +365,7 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path):
   table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
                                       sampling=GREEDY, context=8, repeats=2, steps=2)
   assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
-  assert table.as_array(2).shape == (3,)
+  assert table.as_array(2).shape == (3,) and table.lookup_step_costs is None
   key = machine_costs.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
                                verifier="block")
   assert key["steps"] and key != machine_costs.cost_key(
@@ -375,12 +376,51 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path):
   assert measured and not measured_again and again == table
 
 
+def test_measure_steps_times_lookup_steps_of_a_hybrid(greedy_pairs):
+  """A hybrid's table also holds s_lookup(0..G), its steps where every row's lookup
+  matches, timed in the same compiled loops (no values checked, as above)."""
+  target, tp, draft, dp = greedy_pairs["hybrid"]
+  table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
+                                      sampling=GREEDY, context=8, repeats=2, steps=2)
+  assert len(table.lookup_step_costs) == 3 and all(np.isfinite(table.lookup_step_costs))
+  assert table.lookup_step_costs[0] == table.step_costs[0]
+  assert table.loop_costs(2).shape == (2, 3)
+
+
 def test_update_alpha_is_an_ema_over_observed_positions():
   beta = np.asarray([[1.0, 0.0, 1.0], [0.2, 0.9, 0.9]], np.float32)
   observed = np.asarray([[True, True, False], [False, False, False]])
   got = np.asarray(adaptive.update_alpha(np.asarray([0.5, 0.5], np.float32), beta, observed,
                                          weight=0.5))
   np.testing.assert_allclose(got, [0.375, 0.5])  # 0.5 -> 0.75 -> 0.375; row 1 unchanged
+
+
+def test_alpha_and_gamma_per_source():
+  """Each row's observed β update the α̂ of its step's source only, and γ is chosen on
+  that α̂ and that source's step costs."""
+  alpha = np.asarray(adaptive.initial_alpha(2))
+  np.testing.assert_allclose(alpha, [adaptive.ALPHA_PRIOR] * 2)
+  beta = np.asarray([[1.0, 1.0], [0.0, 1.0]], np.float32)
+  observed = np.asarray([[True, False], [True, True]])
+  source = np.asarray([adaptive.LOOKUP, adaptive.DRAFT], np.int32)
+  got = np.asarray(adaptive.update_alpha(alpha, beta, observed, source, weight=0.5))
+  lookup0, draft0 = adaptive.ALPHA_PRIOR[adaptive.LOOKUP], adaptive.ALPHA_PRIOR[adaptive.DRAFT]
+  np.testing.assert_allclose(got, [[draft0, (lookup0 + 1) / 2],
+                                   [((draft0 / 2) + 1) / 2, lookup0]])
+  costs = np.asarray([[1.0, 9.0, 9.0], [1.0, 1.2, 1.3]], np.float32)
+  chosen = adaptive.choose_gamma_by_source(
+      np.asarray([[0.9, 0.9], [0.9, 0.9]], np.float32), costs,
+      np.asarray([adaptive.DRAFT, adaptive.LOOKUP], np.int32))
+  np.testing.assert_array_equal(chosen, [0, 2])
+  table = CostTable(c=0.0, verify_costs=(1.0, 1.5, 2.0), step_costs=(1.0, 9.0, 9.0),
+                    lookup_step_costs=(1.0, 1.2, 1.3))
+  np.testing.assert_allclose(table.loop_costs(2), costs)
+  np.testing.assert_allclose(CostTable(c=0.0, verify_costs=(1.0, 1.5, 2.0)).loop_costs(1),
+                             [[0.0 + 1.0, 1.5]] * 2)
+  with pytest.raises(ValueError, match="lookup_step_costs needs step_costs"):
+    CostTable(c=0.0, verify_costs=(1.0, 1.5), lookup_step_costs=(1.0, 1.2))
+  with pytest.raises(ValueError, match="lookup_step_costs has 1 entries"):
+    CostTable(c=0.0, verify_costs=(1.0, 1.5), step_costs=(1.0, 1.2), lookup_step_costs=(1.0,))
 
 
 def test_gamma_histogram_and_widths():

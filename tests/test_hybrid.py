@@ -11,6 +11,8 @@ file); seeds are fixed, so the outcome is deterministic. The naive "correct from
 verifier, the negative control, must fail the same test.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,13 +20,14 @@ import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue, noise_params, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax import drafting
+from specdec_jax import adaptive, drafting
 from specdec_jax import speculative as spec
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer, load_draft
 from specdec_jax.ngram import HybridDraft, NgramDraft, lookup
 from specdec_jax.verify import block_verify, verify
-from test_exactness import (PROMPT, assert_naive_verifier_fails, exact_sequence_probs,
+from test_exactness import (NEW, PROMPT, ROWS, assert_naive_verifier_fails,
+                            exact_sequence_probs,
                             sample_sequences, sequence_index)
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -105,6 +108,61 @@ def test_hybrid_sequences_follow_target_distribution(hybrid_pair, sampling, veri
 
 def test_hybrid_negative_control_fails(hybrid_pair):
   assert_naive_verifier_fails(hybrid_pair, seed=7)
+
+
+# Per-source step costs under which the feature draft's rows take γ <= 1 (γ >= 2 costs 50
+# plain steps) and the lookup's rows γ = 3, so every step of the 40,000-row batch takes the
+# shallow path (`drafting.draft_hybrid`: the feature draft's deeper drafts are skipped).
+SHALLOW_COSTS = adaptive.CostTable(c=0.0, verify_costs=(1.0, 1.1, 1.2, 1.3),
+                                   step_costs=(1.0, 1.2, 50.0, 50.0),
+                                   lookup_step_costs=(1.0, 1.1, 1.2, 1.3))
+
+
+def test_auto_hybrid_by_source_follows_target_distribution(hybrid_pair):
+  """gamma='auto' with one α̂ and one cost row per proposal source (lookup, feature
+  draft): rows choose γ by the source of each step, the feature draft skips its deeper
+  drafts, and whole sequences still follow the target exactly (T=1)."""
+  target, tp, draft, dp = hybrid_pair
+  sampling = SamplingConfig(temperature=1.0)
+  exact = exact_sequence_probs(target, tp, sampling)
+  out = speculative_generate(tp, dp, [PROMPT] * ROWS, target_config=target, draft_config=draft,
+                             gamma="auto", gamma_max=3, costs=SHALLOW_COSTS,
+                             max_new_tokens=NEW, sampling=sampling, seed=11)
+  assert (out.lengths == NEW).all()
+  live = out.gammas[out.gammas >= 0]
+  assert (live == 3).any() and (live == 1).any() and not (live == 2).any()
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+def test_shallow_hybrid_drafts_what_the_verifier_would_see(greedy_pair):
+  """When every row proposing two or more takes the lookup, the skipped deeper drafts
+  change nothing a row proposes: x and q equal the full drafting's on lookup rows at
+  every depth and on the other rows at depth 1 (T=1, same keys)."""
+  target, tp, hybrid, dp = greedy_pair
+  gamma, new = 3, 8
+  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=hybrid,
+                               gamma=gamma, max_new_tokens=new, sampling=SamplingConfig(1.0),
+                               seed=5, row_ids=None, eos_id=None, pad_id=0, vocab_size=None,
+                               verifier="block")
+  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
+                              target_config=target, draft_config=hybrid, gamma=gamma,
+                              max_new_tokens=new)
+  keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(
+      len(PROMPTS), gamma, 2)
+  found = np.asarray(lookup(state.tokens, state.num_tokens, min_n=2, max_n=2, gamma=gamma)[1])
+  assert found.any() and not found.all()
+  draft = functools.partial(drafting.draft_hybrid, tp, dp, state, keys, draft_config=hybrid,
+                            gamma=gamma, greedy=False,
+                            warp_fn=lambda logits: jax.nn.softmax(logits[..., :32], -1))
+  full_x, full_q, _ = draft()
+  shallow_x, shallow_q, _ = draft(chosen=jnp.asarray(np.where(found, gamma, 1)))
+  np.testing.assert_array_equal(shallow_x[found], full_x[found])
+  np.testing.assert_array_equal(shallow_q[found], full_q[found])
+  np.testing.assert_array_equal(shallow_x[:, 0], full_x[:, 0])
+  np.testing.assert_allclose(shallow_q[:, 0], full_q[:, 0], atol=1e-6)
+  assert not np.array_equal(shallow_q[~found][:, 1:], full_q[~found][:, 1:])  # really skipped
+  deep_x, _, _ = draft(chosen=jnp.asarray(np.where(found, 1, 2)))  # a feature row at γ = 2
+  np.testing.assert_array_equal(deep_x, full_x)
 
 
 # ------------------------------------------------------------------ decoding
