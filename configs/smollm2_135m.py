@@ -60,7 +60,10 @@ def get_config() -> ml_collections.ConfigDict:
   # or a fixed count, e.g. --config.gamma=2 (best of 1-4 for the feature draft at T=0
   # on machine A, docs/results_archive.md).
   c.gamma = "auto"
-  c.gamma_max = 4  # widest step of gamma 'auto' (one compiled branch per width 1..5)
+  # widest step of gamma 'auto' (one compiled branch per width 1..7). The hybrid's lookup
+  # steps skip the feature draft's deeper drafts, so long lookup runs pay up to 6 here;
+  # the feature draft's own steps rarely choose more than 3 (its step costs rise faster).
+  c.gamma_max = 6
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   # A token tree per step (specdec_jax.tree_decode; an independent or feature draft, fixed
   # gamma): branching per depth, e.g. '2,2,1' (TreeShape.from_branching); '' = a chain.
