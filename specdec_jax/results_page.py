@@ -3,7 +3,7 @@
 Every figure the README and docs/results.md quote is generated here from a stamped
 result file under docs/results/ (`io.machine.machine_stamp()`: CPU, ISA flags, cores,
 memory, accelerator, jax/jaxlib, git commit and dirty flag, date, command line), so a
-figure always names its command, machine and commit. Five kinds of file:
+figure always names its command, machine and commit. These kinds of file:
 
   benchmark    scripts/benchmark.py --out: {'stamp', 'meta', 'rows': [one per γ, verifier]}
   sweep        a sweep workdir's results.json: {'meta': {'stamp', ...}, 'grid': [cells]}
@@ -12,6 +12,7 @@ figure always names its command, machine and commit. Five kinds of file:
   prompt_set   scripts/benchmark.py --out over a prompt set (specdec_jax/results_tables.py)
   distill_curve  scripts/distill.py's report.json: α per corpus at each evaluation
   tree_study   scripts/tree_study.py --out: tokens per target call of token trees and chains
+  gamma_rules  scripts/gamma_policy_study.py --out: γ rules replayed on greedy decodes
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -90,6 +91,18 @@ SECTIONS = (
             ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
              "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_heldout_smollm2_t1.json"),
             needs_draft=True),
+    Section("gamma-rules", "gamma_rules.json", "gamma_rules",
+            "Rules for choosing γ, replayed on the held-out set (greedy)",
+            "At T = 0 the text does not depend on γ, so one greedy decode per held-out prompt "
+            "records which of the default draft's next G proposals the target confirms at "
+            "every position (`gamma_replay`). Each rule is then replayed under this machine's "
+            "measured step costs s(γ): its predicted speedup over autoregressive decoding. "
+            "'auto' is the committed rule (one acceptance estimate and one cost row per "
+            "proposal source), 'one-estimate' the rule before it, 'fixed-γ' a fixed count, "
+            "'oracle' the best count knowing each step's outcome (a bound).",
+            ("scripts/gamma_policy_study.py", "--config=configs/heldout_smollm2.py",
+             f"--out={RESULTS_DIR}/gamma_rules.json",
+             f"--measured={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
     Section("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
             "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
             "The draft copies what followed the last match of up to 3 trailing tokens; its "
@@ -270,10 +283,12 @@ def minutes(seconds: float) -> str:
 TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table,
           "prompt_set": results_tables.prompt_set_table,
           "distill_curve": results_tables.distill_table,
-          "tree_study": results_tables.tree_table}
+          "tree_study": results_tables.tree_table,
+          "gamma_rules": results_tables.gamma_rules_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
              "distill_curve": results_tables.distill_headline,
-             "tree_study": results_tables.tree_headline}
+             "tree_study": results_tables.tree_headline,
+             "gamma_rules": results_tables.gamma_rules_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

@@ -6,6 +6,8 @@
                  'evals': [{'step', 'alpha_t0', '<corpus>/alpha_t0', ...}], ...}
   tree_study     scripts/tree_study.py --out: {'stamp', 'meta', 'rows': [one per chain or
                  tree, rule and T: 'tokens_per_call', 'ci95', 'predicted_speedup'], 'costs'}
+  gamma_rules    scripts/gamma_policy_study.py --out: {'stamp', 'meta', 'rows': [one per
+                 rule: 'speedup', 'below_095', 'lowest', 'domains', 'prompts']}
 
 Pure functions of the JSON, as the rest of the page; a missing optional field renders
 as '–' or is left out, never an error.
@@ -355,3 +357,59 @@ def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
                   f"{tree[key] / chain[key]:.2f}x ({tree['config']} {tree['rule']}: "
                   f"{cell(tree)}; {chain['config']}: {cell(chain)})"))
   return out or [(title, "no rows")]
+
+
+# --------------------------------------------------------------------------- γ rules
+
+def gamma_rules_table(doc: dict) -> list[str]:
+  """Each γ rule's replayed speedup over the held-out set (geometric mean, 95% interval),
+  per domain, the prompts below 0.95x; then the costs it used and the check against a
+  measured benchmark."""
+  meta = doc.get("meta", {})
+  config = meta.get("config", {})
+  rows = doc.get("rows", [])
+  domains = [d["domain"] for d in rows[0]["domains"] if d["domain"] != ALL] if rows else []
+  lines = [f"Prompt set `{config.get('prompt_set', '?')}`, draft `{config.get('draft', '?')}`, "
+           f"greedy, {meta.get('max_new_tokens', '?')} new tokens, γ at most "
+           f"{meta.get('gamma_max', '?')}; predicted speedup = tokens / Σ s(γ) over each "
+           "replayed decode.", ""]
+  body = []
+  for r in rows:
+    by = {d["domain"]: d for d in r["domains"]}
+    body.append([r["rule"], with_interval(by.get(ALL, {}), "speedup", ".2f", "x")]
+                + [num(by[d]["speedup"], ".2f") for d in domains]
+                + [str(r["below_095"]), num(r["lowest"], ".2f")])
+  lines += table(["rule", "speedup [95%]"] + domains + ["prompts < 0.95x", "lowest"], body)
+  costs = meta.get("costs", {})
+  if costs:
+    lines += ["", "Step costs s(γ) in plain steps, γ = 0, 1, ...: draft model "
+              + " / ".join(num(x, ".2f") for x in costs.get("step_costs", []))
+              + "; lookup steps " + " / ".join(num(x, ".2f")
+                                             for x in costs.get("lookup_step_costs", []))
+              + "."]
+  measured = meta.get("measured")
+  if measured:
+    lines += ["", f"Against the measured per-prompt speedups of `{measured.get('file')}`: "
+              f"correlation {num(measured.get('correlation'), '.2f')}, measured / replayed "
+              f"{num(measured.get('mean_ratio'), '.3f')} on average (rule 'auto')."]
+  return lines
+
+
+def gamma_rules_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """The committed rule's replayed speedup beside the best fixed γ and the oracle."""
+  rows = {r["rule"]: r for r in doc.get("rows", [])}
+  if "auto" not in rows:
+    return [(title, "no rows")]
+
+  def overall(r):
+    return next(d for d in r["domains"] if d["domain"] == ALL)
+
+  fixed = [r for name, r in rows.items() if name.startswith("fixed-")]
+  parts = [f"'auto' {with_interval(overall(rows['auto']), 'speedup', '.2f', 'x')}"]
+  if fixed:
+    best = max(fixed, key=lambda r: r["speedup"])
+    parts.append(f"best fixed γ ({best['rule']}) {best['speedup']:.2f}x")
+  for name in ("one-estimate", "oracle"):
+    if name in rows:
+      parts.append(f"'{name}' {rows[name]['speedup']:.2f}x")
+  return [(title + ": predicted speedup over the set", "; ".join(parts))]

@@ -45,7 +45,9 @@ the features and re-read of the next step are the emitted tokens' whichever was 
 Per-row proposal counts (`adaptive`). Each step, row b proposes γ_b <= G drafts: G for a
 fixed γ; 0 where a prompt lookup finds no match (a draft with nothing to say proposes
 nothing); with gamma='auto' (G = γ_max, a cost table given) `adaptive.choose_gamma` of
-the row's acceptance estimate. The step runs one of the static target-call widths
+the row's acceptance estimate for its proposal source this step (a hybrid's lookup or
+the draft model, `proposal_source`). A hybrid step where every row proposing two or
+more takes the lookup skips the feature draft's deeper drafts (`drafting.draft_hybrid`). The step runs one of the static target-call widths
 k in `adaptive.call_widths`, the narrowest with k >= max_b γ_b + 1: the draft draws
 d = max(k-1, 1) tokens (d = 1 at k = 1 gives q_1 for the estimate), the target sees
 [t, x_1..x_{k-1}], and xs, qs, ps are padded to G (zero q rows) so the verifier, called

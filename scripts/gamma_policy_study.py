@@ -1,0 +1,126 @@
+r"""Rules for choosing γ compared offline on the held-out set (T = 0): replayed greedy decodes.
+
+  python scripts/gamma_policy_study.py --config=configs/heldout_smollm2.py \
+      --out=docs/results/gamma_rules.json \
+      --measured=docs/results/benchmark_heldout_smollm2.json
+
+One greedy decode per prompt (the config's prompt set, `max_new_tokens`) records, for every
+start, which of the hybrid draft's next G proposals the target's greedy tokens confirm
+(`specdec_jax.gamma_replay`). Each rule then replays every prompt under this machine's
+measured step costs (`machine_costs.table_for`, the benchmark's cached table at batch 1),
+giving its predicted speedup over autoregressive decoding per prompt. Rules:
+  auto          the committed gamma='auto' rule: one α̂ and one cost row per source
+  one-estimate  the earlier rule: one α̂ for both sources (prior 0.5, weight 0.2), and
+                every drafting step pays the feature draft's full step costs
+  fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
+  oracle        each step the γ of the most tokens per cost given its true depth (a bound)
+--measured: a held-out benchmark JSON (scripts/benchmark.py) of the same config whose
+per-prompt speedups the 'auto' replay is set beside (correlation, mean ratio).
+The JSON holds the machine stamp, the cost table, and per rule the geometric mean with
+its 95% interval, per domain, the prompts below 0.95x and every prompt's figure.
+About 3 minutes on 2 cores (plus the cost table, if it is not cached yet).
+"""
+
+import os
+
+import _bootstrap  # repository root on sys.path; run(main)
+import numpy as np
+from absl import flags, logging
+from ml_collections import config_flags
+
+from specdec_jax import adaptive, gamma_replay, machine_costs, prompt_sets
+from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.machine import machine_stamp
+from specdec_jax.loading import load_pair
+
+_CONFIG = config_flags.DEFINE_config_file("config", "configs/heldout_smollm2.py",
+                                          "a configs/*.py file with a prompt_set",
+                                          lock_config=True)
+_OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
+_MEASURED = flags.DEFINE_string("measured", None, "a held-out benchmark JSON to compare with")
+
+
+def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
+  """name -> (rule, lookup steps at their own costs)."""
+  out = {"auto": (gamma_replay.Rule(), True),
+         "one-estimate": (gamma_replay.Rule(prior=(0.5, 0.5), weight=0.2, by_source=False),
+                          False)}
+  for g in range(1, gamma_max + 1):
+    out[f"fixed-{g}"] = (gamma_replay.Rule(fixed=g), True)
+  out["oracle"] = (gamma_replay.Rule(oracle=True), True)
+  return out
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config = _CONFIG.value
+  if not config.get("prompt_set", ""):
+    raise ValueError("gamma_policy_study needs a config with a prompt_set "
+                     "(e.g. configs/heldout_smollm2.py)")
+  config.unlock()
+  config.temperature = 0.0  # the replay is exact for greedy decoding only
+  config.lock()
+  records = prompt_sets.load_prompt_set(config.prompt_set)
+  pair = load_pair(config)
+  gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
+  table = machine_costs.table_for(pair, gamma_max=gamma_max, batch=1,
+                                  directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+  print(f"cost table: {machine_costs.describe(table)}")
+  costs = table.loop_costs(gamma_max)
+  prompts = prompt_sets.encode(pair.tokenizer, records)
+  max_new = int(config.max_new_tokens)
+  traces = []
+  for record, ids in zip(records, prompts):
+    trace = gamma_replay.greedy_trace(pair.target_params, pair.target_config,
+                                      pair.draft_params, pair.draft_config, ids,
+                                      max_new_tokens=max_new, depth=gamma_max,
+                                      vocab_size=pair.vocab_size)
+    traces.append(trace)
+    print(f"  {record.id:14s} mean depth {trace.depth.mean():.2f}  "
+          f"lookup at {trace.lookup.mean():.0%} of starts")
+  domains = [r.domain for r in records]
+  rows = []
+  for name, (rule, own_lookup_costs) in rules(gamma_max).items():
+    rule_costs = costs if own_lookup_costs else np.stack([costs[0], costs[0]])
+    runs = [gamma_replay.replay(t, rule, rule_costs, max_new) for t in traces]
+    speedups = [r["speedup"] for r in runs]
+    summary = prompt_sets.domain_summary(domains, speedup=speedups)
+    overall = summary[-1]
+    rows.append(dict(rule=name, speedup=overall["speedup"],
+                     below_095=int(sum(s < 0.95 for s in speedups)),
+                     lowest=float(min(speedups)), domains=summary,
+                     prompts=[dict(id=r.id, domain=r.domain, speedup=s)
+                              for r, s in zip(records, speedups)]))
+    print(f"{name:13s} {overall['speedup']:.3f} [{overall['speedup_lo']:.3f}, "
+          f"{overall['speedup_hi']:.3f}]  below 0.95x: {rows[-1]['below_095']}  "
+          f"lowest {rows[-1]['lowest']:.2f}")
+  meta = dict(config=config.to_dict(), gamma_max=gamma_max, max_new_tokens=max_new,
+              costs=dict(step_costs=list(table.step_costs or ()),
+                         lookup_step_costs=list(table.lookup_step_costs or ())))
+  if _MEASURED.value:
+    meta["measured"] = compare(_MEASURED.value, records, rows[0]["prompts"])
+  if _OUT.value:
+    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows))
+    print(f"wrote {_OUT.value}")
+
+
+def compare(path: str, records, replayed: list[dict]) -> dict:
+  """The 'auto' replay beside a held-out benchmark's measured per-prompt speedups."""
+  import json
+  with open(path) as f:
+    measured = {p["id"]: p["speedup"] for p in json.load(f)["rows"][0]["prompts"]}
+  missing = [r.id for r in records if r.id not in measured]
+  if missing:
+    raise ValueError(f"--measured {path} lacks prompts {missing[:5]}")
+  m = np.asarray([measured[r.id] for r in records])
+  p = np.asarray([row["speedup"] for row in replayed])
+  out = dict(file=path, correlation=float(np.corrcoef(m, p)[0, 1]),
+             mean_ratio=float(np.mean(m / p)))
+  print(f"measured vs replayed ('auto'): correlation {out['correlation']:.2f}, "
+        f"measured / replayed {out['mean_ratio']:.3f} on average")
+  return out
+
+
+if __name__ == "__main__":
+  _bootstrap.run(main)

@@ -1,0 +1,168 @@
+"""Rules for choosing γ, compared offline by replaying greedy decodes (T = 0).
+
+Letters: P prompt tokens, N new tokens, T = P + N, G drafted depth, D draft layers' passes.
+
+At T = 0 the emitted text does not depend on the γ a rule chooses: it is the target's
+greedy continuation. So one pass per prompt records everything a rule can see or gain:
+for every start ℓ (the pending token's index, ℓ = P-1 .. T-2) and depth j = 1..G,
+  hit[ℓ, j]   whether the draft's j-th proposal from ℓ equals the greedy token ℓ+j
+              (β_j at T = 0: p and the draft's warped q are one-hot),
+  depth[ℓ]    the leading run of hits (a step from ℓ proposing γ accepts min(depth, γ)),
+  lookup[ℓ]   whether a hybrid's prompt lookup matched there (its source, `adaptive`).
+The feature draft's proposals come from `model.unrolled_feature_logits` over the target's
+features of the whole greedy text, which equal the decode loop's q_j when the draft's
+earlier proposals were accepted (that function's docstring; `greedy_trace` is checked
+against the loop's own accepted counts in tests/test_gamma_replay.py).
+
+`replay` then walks a trace under a rule: at ℓ choose γ (from what the rule has observed
+so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cost of
+s_src(γ) plain steps (the measured step costs), observe the hits the loop observes, and
+move on. Tokens per plain-step cost is the rule's predicted speedup over autoregressive
+decoding on that prompt. On the held-out set the replay of the committed rule predicted
+the measured per-prompt speedups with correlation 0.99, 5% high on average
+(docs/results.md#gamma-rules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_jax import adaptive, ngram
+from specdec_jax.drafting import feature_part
+from specdec_jax.model import forward, init_cache, unrolled_feature_logits
+from specdec_jax.sampling import SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class GreedyTrace:
+  """One prompt's greedy decode, as seen from every start (module docstring)."""
+
+  hit: np.ndarray  # bool [N,G]: hit[i, j-1] for the start ℓ = P-1+i
+  lookup: np.ndarray  # bool [N]
+
+  @property
+  def depth(self) -> np.ndarray:
+    """int [N]: accepted drafts of a step from each start that proposes all G."""
+    return np.cumprod(self.hit, axis=1).sum(axis=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """How a row picks γ each step.
+
+  fixed: always this γ (a fixed-γ run); oracle: the γ of the best tokens/cost knowing the
+  step's depth (a bound, not a rule); otherwise gamma='auto' (`adaptive`): the argmax of
+  E(α̂, γ) / s(γ), α̂ an EMA with `weight` from `prior`, one per source when by_source
+  (else one for both, starting at prior[DRAFT]), probes every `lag`-th plain step.
+  """
+
+  prior: tuple[float, float] = adaptive.ALPHA_PRIOR
+  weight: float = adaptive.ALPHA_WEIGHT
+  by_source: bool = True
+  lag: int = 4
+  fixed: int | None = None
+  oracle: bool = False
+
+
+def greedy_trace(target_params, target_config, draft_params, draft_config, prompt, *,
+                 max_new_tokens: int, depth: int, vocab_size: int | None = None
+                 ) -> GreedyTrace:
+  """The trace of one prompt (token ids) for a feature or hybrid draft (module docstring)."""
+  from specdec_jax.speculative import autoregressive_generate
+
+  feature = feature_part(draft_config)
+  if feature is None:
+    raise ValueError(f"greedy_trace needs a feature or hybrid draft, got kind "
+                     f"{getattr(draft_config, 'kind', None)!r}")
+  out = autoregressive_generate(target_params, [prompt], target_config=target_config,
+                                max_new_tokens=max_new_tokens,
+                                sampling=SamplingConfig(temperature=0.0),
+                                vocab_size=vocab_size)
+  seq = np.asarray(list(prompt) + out.row(0), np.int32)
+  total, first = len(seq), len(prompt) - 1
+  hits, lookups = _trace_arrays(target_params, draft_params, jnp.asarray(seq)[None],
+                                target_config=target_config, feature=feature, depth=depth)
+  hits = np.asarray(hits)[first:total - 1]
+  if getattr(draft_config, "kind", None) == "hybrid":
+    buffer = np.zeros((total - 1 - first, total + depth + 1), np.int32)
+    buffer[:, :total] = seq
+    looked, found = ngram.lookup(jnp.asarray(buffer), jnp.arange(first + 1, total),
+                                 min_n=draft_config.min_n, max_n=draft_config.max_n,
+                                 gamma=depth)
+    looked, found = np.asarray(looked), np.asarray(found)
+    later = np.arange(first, total - 1)[:, None] + 1 + np.arange(depth)[None, :]
+    truth = np.where(later < total, seq[np.minimum(later, total - 1)], -1)
+    hits = np.where(found[:, None], looked == truth, hits)
+    lookups = found
+  else:
+    lookups = np.zeros(total - 1 - first, bool)
+  return GreedyTrace(hit=hits.astype(bool), lookup=lookups)
+
+
+def _trace_arrays(target_params, draft_params, seq, *, target_config, feature, depth):
+  """hit bool [T,G] of the feature draft (ℓ, j) -> proposal == seq[ℓ+j]; None for lookups."""
+  total = seq.shape[1]
+  cache = {**init_cache(target_config, 1, total), "length": jnp.zeros((1,), jnp.int32)}
+  positions = jnp.arange(total, dtype=jnp.int32)[None]
+  _, _, features = _forward(target_params, seq, positions, cache, config=target_config,
+                            return_logits=False, hidden_layers=feature.feature_layers)
+  logits = _unrolled(draft_params, seq, features, config=feature,
+                     input_embed=target_params["embed"], depth=depth, full_vocab=True)
+  proposals = np.asarray(jnp.argmax(logits[:, 0], axis=-1))  # [G,T]: pass j at position i
+  seq = np.asarray(seq[0])
+  start = np.arange(total)[:, None]
+  j = np.arange(1, depth + 1)[None, :]
+  at = np.minimum(start + j - 1, total - 1)  # pass j reads position ℓ+j-1
+  proposal = proposals[j - 1, at]
+  truth = np.where(start + j < total, seq[np.minimum(start + j, total - 1)], -1)
+  return proposal == truth, None
+
+
+_forward = jax.jit(forward, static_argnames=("config", "return_logits", "hidden_layers"))
+_unrolled = jax.jit(unrolled_feature_logits, static_argnames=("config", "depth", "full_vocab"))
+
+
+def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
+           max_new_tokens: int | None = None) -> dict:
+  """One prompt under one rule -> dict(speedup (tokens per plain-step cost), tokens,
+  cost, steps, gammas {γ: steps}).
+
+  costs float [2,G'+1]: s_src(0..G') (`adaptive.CostTable.loop_costs`); G' <= G of the
+  trace. max_new_tokens: stop once this many are emitted (default: the trace's N).
+  """
+  costs = np.asarray(costs, np.float64)
+  gmax = costs.shape[1] - 1
+  if gmax > trace.hit.shape[1]:
+    raise ValueError(f"costs cover gamma up to {gmax}; the trace has depth "
+                     f"{trace.hit.shape[1]}")
+  n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
+  depth = trace.depth
+  alpha = np.asarray(rule.prior, np.float64)
+  at, tokens, cost, plain, gammas = 0, 0, 0.0, 0, {}
+  while tokens < n_max and at < len(depth):
+    source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
+    column = source if rule.by_source else adaptive.DRAFT
+    s = costs[source]
+    if rule.fixed is not None:
+      gamma = rule.fixed
+    elif rule.oracle:
+      gamma = int(np.argmax((np.minimum(depth[at], np.arange(gmax + 1)) + 1) / s))
+    else:
+      expected = np.cumsum(alpha[column] ** np.arange(gmax + 1))
+      gamma = int(np.argmax(expected / s))
+    accepted = min(int(depth[at]), gamma)
+    probe = gamma == 0 and plain >= rule.lag - 1
+    if gamma > 0 or probe:
+      for j in range(min(max(gamma, 1), accepted + 1)):  # observed: proposed and reached
+        alpha[column] = (1 - rule.weight) * alpha[column] + rule.weight * trace.hit[at, j]
+    plain = 0 if gamma > 0 or probe else plain + 1
+    gammas[gamma] = gammas.get(gamma, 0) + 1
+    tokens += accepted + 1
+    cost += s[gamma]
+    at += accepted + 1
+  return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=sum(gammas.values()),
+              gammas=gammas)

@@ -1,0 +1,78 @@
+"""Offline replay of γ rules (`gamma_replay`): the greedy trace agrees with the decode
+loop's own accepted counts, and the replay's arithmetic on hand-made traces."""
+
+import numpy as np
+import pytest
+
+from helpers import tiny_config, tiny_model
+from specdec_jax import SamplingConfig, gamma_replay, speculative_generate
+from specdec_jax.ngram import HybridDraft
+
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [10, 11, 10, 11]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+  """test_hybrid's greedy pair: a 3-layer target whose greedy text loops, a 1-layer
+  feature draft, a 2-token lookup."""
+  target = tiny_config(vocab=32, layers=3, width=32, max_seq_len=64)
+  feature = tiny_config(vocab=32, layers=1, width=16, max_seq_len=64, tie_embeddings=False,
+                        feature_layers=(1, 3), feature_width=32)
+  return (target, tiny_model(target, 0, factor=6.0), HybridDraft(feature, 2, 2),
+          tiny_model(feature, 1, factor=3.0))
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "feature"])
+def test_trace_depths_are_the_loops_accepted_counts(pair, kind):
+  """Greedy decoding with a fixed γ accepts min(depth[ℓ], γ) at each step's start ℓ."""
+  target, tp, hybrid, dp = pair
+  draft = hybrid if kind == "hybrid" else hybrid.feature
+  gamma, new = 3, 16
+  hits = lookups = 0
+  for prompt in PROMPTS:
+    trace = gamma_replay.greedy_trace(tp, target, dp, draft, prompt, max_new_tokens=new,
+                                      depth=gamma)
+    out = speculative_generate(tp, dp, [prompt], target_config=target, draft_config=draft,
+                               gamma=gamma, max_new_tokens=new,
+                               sampling=SamplingConfig(temperature=0.0))
+    at = 0
+    for accepted in out.accepted[0][out.accepted[0] >= 0]:
+      if at + accepted + 1 >= new:  # the last step may be cut at max_new_tokens
+        break
+      assert accepted == min(trace.depth[at], gamma), (prompt, at)
+      at += accepted + 1
+    hits += int(trace.hit.sum())
+    lookups += int(trace.lookup.sum())
+  assert hits > 0
+  assert (lookups > 0) == (kind == "hybrid")
+
+
+def test_replay_arithmetic():
+  hit = np.asarray([[1, 1, 0], [0, 0, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0],
+                    [0, 0, 0], [0, 0, 0]], bool)
+  trace = gamma_replay.GreedyTrace(hit=hit, lookup=np.zeros(7, bool))
+  np.testing.assert_array_equal(trace.depth, [2, 0, 3, 1, 0, 0, 0])
+  costs = np.asarray([[1.0, 1.5, 2.0, 2.5]] * 2)
+  # fixed γ = 2 from start 0: accepts 2 (3 tokens, at 3), then 1 (2 tokens, at 5),
+  # then 0 (1 token, at 6), then 0 (1 token): 7 tokens for 4 steps of cost 2
+  got = gamma_replay.replay(trace, gamma_replay.Rule(fixed=2), costs)
+  assert got["tokens"] == 7 and got["steps"] == 4 and got["cost"] == 8.0
+  assert got["speedup"] == pytest.approx(7 / 8)
+  # nothing pays: every step plain, one token per unit cost
+  flat = np.asarray([[1.0, 5.0, 5.0, 5.0]] * 2)
+  got = gamma_replay.replay(trace, gamma_replay.Rule(), flat)
+  assert got["gammas"] == {0: 7} and got["speedup"] == 1.0
+  # the oracle takes γ = depth where drafting pays: 3 tokens for 2.0, 4 for 2.5, 2 for 1.5
+  got = gamma_replay.replay(trace, gamma_replay.Rule(oracle=True), costs)
+  assert got["gammas"] == {2: 1, 1: 1, 0: 2} and got["tokens"] == 7
+  with pytest.raises(ValueError, match="costs cover gamma up to 4"):
+    gamma_replay.replay(trace, gamma_replay.Rule(), np.ones((2, 5)))
+
+
+def test_lookup_rows_use_their_own_costs_and_estimate():
+  """A row whose lookup matches chooses on the lookup's α̂ and step costs."""
+  hit = np.ones((6, 3), bool)
+  trace = gamma_replay.GreedyTrace(hit=hit, lookup=np.ones(6, bool))
+  costs = np.asarray([[1.0, 9.0, 9.0, 9.0], [1.0, 1.2, 1.3, 1.4]])
+  assert gamma_replay.replay(trace, gamma_replay.Rule(), costs)["gammas"] == {3: 2}
+  assert gamma_replay.replay(trace, gamma_replay.Rule(), costs[::-1])["gammas"] == {0: 6}
