@@ -46,20 +46,20 @@ Per-row proposal counts (`adaptive`). Each step, row b proposes γ_b <= G drafts
 fixed γ; 0 where a prompt lookup finds no match (a draft with nothing to say proposes
 nothing); with gamma='auto' (G = γ_max, a cost table given) `adaptive.choose_gamma` of
 the row's acceptance estimate for its proposal source this step (a hybrid's lookup or
-the draft model, `proposal_source`). A hybrid step where every row proposing two or
-more takes the lookup skips the feature draft's deeper drafts (`drafting.draft_hybrid`).
-The step runs one of the static target-call widths k in `adaptive.call_widths`, the
-narrowest with k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (d = 1 at
-k = 1 gives q_1 for the estimate), the target sees [t, x_1..x_{k-1}], and xs, qs, ps are padded to G (zero q rows) so the verifier, called
-with num_proposed = γ_b, draws the same uniforms and emits the same tokens for a row
-whatever width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with
-the row's resampling key (the argmax at T=0), on one position. `decode_loop` runs one
-inner `while_loop` per width inside the loop of steps, each taking the steps whose
-width is its own (one compiled loop; no conditional, whose branches would receive
-copies of both caches); the single jitted `speculative_step` picks the width with a
-`lax.switch`. A feature draft's re-read keeps its fixed width G+1 at every k, so its
-cache and features stay those of the emitted tokens. With a fixed γ and no lookup the
-step is the single width G+1, unchanged.
+the draft model, `proposal_source`). A hybrid step where every row proposing two or more
+takes the lookup skips the feature draft's deeper drafts (`drafting.draft_hybrid`). The
+step runs one of the static target-call widths k in `adaptive.call_widths`, the
+narrowest with k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (d = 1 at k=1
+gives q_1 for the estimate), the target sees [t, x_1..x_{k-1}], and xs, qs, ps are
+padded to G (zero q rows) so the verifier, called with num_proposed=γ_b, draws the same
+uniforms and emits the same tokens for a row whatever width its batch took. At k=1
+nothing is proposed and y ~ p_1 is drawn with the row's resampling key (the argmax at
+T=0), on one position. `decode_loop` runs one inner `while_loop` per width inside the
+loop of steps, each taking the steps whose width is its own (one compiled loop; no
+conditional, whose branches would receive copies of both caches); the single jitted
+`speculative_step` picks the width with a `lax.switch`. A feature draft's re-read keeps
+its fixed width G+1 at every k, so its cache and features stay those of the emitted
+tokens. With a fixed γ and no lookup the step is the single width G+1, unchanged.
 
 Plain steps skip the draft (gamma='auto' with a feature or hybrid draft). The re-read and
 `features` are FEATURE_LAG positions wider (G+1+L), and the caches and token buffer L
