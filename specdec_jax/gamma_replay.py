@@ -141,7 +141,7 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
                      f"{trace.hit.shape[1]}")
   n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
   depth = trace.depth
-  alpha = np.asarray(rule.prior, np.float64)
+  alpha = np.asarray(rule.prior, np.float32)
   at, tokens, cost, plain, gammas = 0, 0, 0.0, 0, {}
   while tokens < n_max and at < len(depth):
     source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
@@ -151,14 +151,15 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
       gamma = rule.fixed
     elif rule.oracle:
       gamma = int(np.argmax((np.minimum(depth[at], np.arange(gmax + 1)) + 1) / s))
-    else:
-      expected = np.cumsum(alpha[column] ** np.arange(gmax + 1))
-      gamma = int(np.argmax(expected / s))
+    else:  # the decode loop's own rule
+      gamma = int(adaptive.choose_gamma(alpha[column:column + 1], s.astype(np.float32))[0])
     accepted = min(int(depth[at]), gamma)
     probe = gamma == 0 and plain >= rule.lag - 1
-    if gamma > 0 or probe:
-      for j in range(min(max(gamma, 1), accepted + 1)):  # observed: proposed and reached
-        alpha[column] = (1 - rule.weight) * alpha[column] + rule.weight * trace.hit[at, j]
+    if gamma > 0 or probe:  # observed: proposed (or probed) and reached
+      observed = np.arange(gmax) < min(max(gamma, 1), accepted + 1)
+      alpha[column] = np.asarray(adaptive.update_alpha(
+          alpha[column:column + 1], trace.hit[None, at, :gmax].astype(np.float32),
+          observed[None], weight=rule.weight))[0]
     plain = 0 if gamma > 0 or probe else plain + 1
     gammas[gamma] = gammas.get(gamma, 0) + 1
     tokens += accepted + 1

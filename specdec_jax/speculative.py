@@ -498,13 +498,21 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
       return index
     return jnp.where(may_skip_draft(s, chosen), 0, index + 1)
 
-  def steps_at(state, index):
-    return jax.lax.while_loop(
-        lambda s: jnp.any(~s.done) & (s.step < max_new_tokens) & (kind_of(s) == index),
-        functools.partial(body, **kinds[index]), state)
+  # The carry holds the next step's kind, planned once after each step (a hybrid's plan
+  # includes its lookup), not again in every inner loop's condition.
+  def advance(carry, index):
+    s = body(carry[0], **kinds[index])
+    return s, kind_of(s)
 
-  return jax.lax.while_loop(
-      cond, lambda s: functools.reduce(steps_at, range(len(kinds)), s), state)
+  def steps_at(carry, index):
+    return jax.lax.while_loop(
+        lambda c: jnp.any(~c[0].done) & (c[0].step < max_new_tokens) & (c[1] == index),
+        functools.partial(advance, index=index), carry)
+
+  final, _ = jax.lax.while_loop(
+      lambda c: cond(c[0]), lambda c: functools.reduce(steps_at, range(len(kinds)), c),
+      (state, kind_of(state)))
+  return final
 
 
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
