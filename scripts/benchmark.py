@@ -160,7 +160,7 @@ def main(argv):
       print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
             "steps here (generate and run decode autoregressively)")
   widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)]
-               + ([tree_options(config)["tree"].num_nodes] if tree_options(config) else []))
+               + ([tree_options(config)["tree"].call_nodes] if tree_options(config) else []))
   context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
                                pair.draft_config, batch=batch, context=context)
@@ -194,7 +194,7 @@ def main(argv):
     pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
     if tree_options(config):  # measured tokens per call over (D draft calls + v(N+1))
       shape = tree_options(config)["tree"]
-      pred = res.tokens_per_step / (shape.max_depth * c + v[shape.num_nodes + 1])
+      pred = res.tokens_per_step / (shape.max_depth * c + v[shape.call_nodes + 1])
     fixed = gamma != "auto"
     row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1] if fixed else None,
            "predicted_speedup": pred,

@@ -27,14 +27,21 @@ the loop's decode-state invariant (`speculative`'s module docstring) and its cac
      true target features), and each node's call takes as context the draft's hidden
      state at its parent's position (the chain's scan, gathered per node).
   2. one target call over [t, nodes 0..N-1] at slots ℓ..ℓ+N, positions ℓ + [0, depths],
-     tree attention -> p_at [B,N+1,V] after the chain's warp (and the target's features);
+     tree attention -> p_at [B,N+1,V] after the chain's warp (and the target's features).
+     A dynamic tree (`TreeShape.budget` N') sends only the N' nodes of the largest draft
+     log path probability Σ log q(x | parent) (draft logits / SELECTION_TEMPERATURE, not
+     the sampling warp; `select_nodes`), in
+     node order, at slots ℓ+1..ℓ+N'; their rows of p go back to their node positions and
+     `node_mask` marks them (rule 'topk' only: which candidates a row sends depends on
+     the draft alone, so each position's children are still a set chosen without the
+     verifier's randomness, and the walk is exact);
   3. `tree_verify.tree_verify(shape, nodes, q_at, p_at, verify_keys, rule=...)` -> the
      accepted path (n nodes) and y; the row emits the path's tokens then y (`_emit`);
-  4. the accepted path's K/V move to contiguous slots (node at depth d: slot ℓ+1+i ->
-     slot ℓ+d) in the target cache and an independent draft's cache; lengths become the
-     new num_tokens-1. A feature draft instead takes the target's features at the root
-     and the path as `features` and ℓ_d = ℓ+1, so the next re-read covers the accepted
-     tokens exactly as after a chain step.
+  4. the accepted path's K/V move to contiguous slots (node at depth d: from its call
+     slot, ℓ+1+i for a static tree, to slot ℓ+d) in the target cache and an independent
+     draft's cache; lengths become the new num_tokens-1. A feature draft instead takes the
+     target's features at the root and the path as `features` and ℓ_d = ℓ+1, so the next
+     re-read covers the accepted tokens exactly as after a chain step.
 Records: accepted[b, s] = n, gammas[b, s] = D for live rows (-1 idle); accept_prob stays
 zeros (β of a tree position is not defined by one q and one p).
 
@@ -66,6 +73,12 @@ from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verify
 
 Array = jax.Array
 TREE_DRAFT_KINDS = ("model", "feature", "ngram", "hybrid")
+# A dynamic tree ranks its candidates by log path probability under the draft's logits
+# divided by this. Below 1 the ranking trusts the draft's first choices more than its
+# raw probabilities say: under rule 'topk' a node is accepted when its token is the one
+# the target draws (at T = 0 its argmax), which the draft's sharpened law tracks better.
+# Chosen on the held-out prompt set (docs/results.md#trees).
+SELECTION_TEMPERATURE = 0.5
 LOOKUP_KINDS = ("ngram", "hybrid")  # rule 'topk', chains below the root
 
 
@@ -97,6 +110,10 @@ def check_tree(shape, rule: str, draft_config, vocab_size: int) -> None:
     raise ValueError(f"a lookup draft's tree must be chains below the root (every node at "
                      f"depth >= 2 an only child, e.g. branching (3, 1, 1)), got rank paths "
                      f"{shape.rank_paths()}")
+  if shape.budget is not None and (rule != "topk" or kind not in ("model", "feature")):
+    raise ValueError(f"a dynamic tree (budget {shape.budget}) needs tree_rule 'topk' and a "
+                     f"draft of kind 'model' or 'feature' (choosing among i.i.d. draws by "
+                     f"their probability would bias them), got rule {rule!r}, kind {kind!r}")
   widest = shape.children_table().shape[1]
   if rule == "topk" and widest > vocab_size:
     raise ValueError(f"rule 'topk' needs at most vocab_size={vocab_size} children per "
@@ -113,14 +130,35 @@ def levels(shape: TreeShape) -> tuple:
 def tree_mask(shape: TreeShape, length: Array, slots: int, rows) -> Array:
   """bool [B,R,S]: query positions `rows` (0 = root) attend the slots < ℓ, the root's
   slot ℓ and their own ancestors' (and own) slots ℓ+1+j. length: ℓ int32 [B]."""
-  n = shape.num_nodes
-  full = np.zeros((n + 1, n + 1), bool)
+  full = position_mask(shape)
+  return _slot_mask(jnp.broadcast_to(jnp.asarray(full[np.asarray(rows)]),
+                                     (length.shape[0], len(rows), full.shape[1])),
+                    length, slots)
+
+
+def position_mask(shape: TreeShape) -> np.ndarray:
+  """bool [N+1,N+1]: position r attends position c (0 = the root, seen by all)."""
+  full = np.zeros((shape.num_nodes + 1, shape.num_nodes + 1), bool)
   full[:, 0] = True
   full[1:, 1:] = shape.ancestor_mask()
+  return full
+
+
+def _slot_mask(visible: Array, length: Array, slots: int) -> Array:
+  """visible bool [B,R,M+1] over the call's positions (the root at slot ℓ, position j at
+  slot ℓ+j) -> bool [B,R,S]: those slots plus every slot < ℓ."""
+  last = visible.shape[2] - 1
   rel = jnp.arange(slots)[None, :] - length[:, None]  # [B,S]
-  tree = jnp.asarray(full[np.asarray(rows)])[:, jnp.clip(rel, 0, n)]  # [R,B,S]
-  visible = (rel[None] < 0) | ((rel[None] <= n) & tree)
-  return jnp.moveaxis(visible, 0, 1)
+  at = jnp.broadcast_to(jnp.clip(rel, 0, last)[:, None, :], visible.shape[:2] + (slots,))
+  tree = jnp.take_along_axis(visible, at, axis=2)  # [B,R,S]
+  return (rel[:, None] < 0) | ((rel[:, None] <= last) & tree)
+
+
+def select_nodes(shape: TreeShape, scores: Array) -> Array:
+  """A dynamic tree's call nodes: int32 [B,N'] ascending, the N' = budget nodes of the
+  largest draft log path probability scores [B,N] (ties: the lower index, so a parent,
+  never less likely than its child, is chosen before it)."""
+  return jnp.sort(jax.lax.top_k(scores, shape.budget)[1], axis=1).astype(jnp.int32)
 
 
 def compact_path(cache: dict, length: Array, path: Array) -> dict:
@@ -164,7 +202,9 @@ def lookup_tree(state, *, shape: TreeShape, min_n: int, max_n: int) -> tuple[Arr
 def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: TreeShape,
                rule: str, draft_config: ModelConfig, warp_fn, vocab_size: int, greedy: bool):
   """Step 1 (module docstring) -> (nodes int32 [B,N], q_at float32 [B,N+1,V] (zeros at
-  depth-D positions), draft cache)."""
+  depth-D positions), draft cache, scores): scores float32 [B,N], each node's log path
+  probability under the draft's logits / SELECTION_TEMPERATURE (NaN as -inf), for a
+  dynamic tree; else None."""
   feature = draft_config.kind == "feature"
   length = state.num_tokens - 1
   own = (draft_config.num_layers,)
@@ -185,12 +225,16 @@ def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: 
     hiddens = None
   rank = logits[:, :, :vocab_size]  # [B,P,V]: positions drafted so far
   q_at = warp_fn(logits)
-  nodes = []
+  nodes, logq = [], []
   spans = levels(shape)
   slots = cache["k"].shape[2]
   for depth, (start, end) in enumerate(spans, 1):
     x = _children(shape, rule, start, end, q_at, rank, draft_keys, greedy)
     nodes.append(x)
+    if shape.budget is not None:  # log q(x | parent) of the unwarped draft, for the ranking
+      parent_logits = rank[:, shape.parent_positions()[start:end]] / SELECTION_TEMPERATURE
+      logq.append(jnp.take_along_axis(jax.nn.log_softmax(parent_logits, axis=-1),
+                                      x[:, :, None], axis=2)[..., 0])
     last = depth == len(spans)
     kw = dict(config=draft_config, return_logits=not last,
               attn_mask=tree_mask(shape, length, slots, np.arange(start, end) + 1))
@@ -210,7 +254,16 @@ def draft_tree(target_params, draft_params, state, draft_keys: Array, *, shape: 
       q_at = jnp.concatenate([q_at, warp_fn(out[0])], axis=1)
   leaves = shape.num_nodes + 1 - q_at.shape[1]
   q_at = jnp.pad(q_at, ((0, 0), (0, leaves), (0, 0)))
-  return jnp.concatenate(nodes, axis=1), q_at, cache
+  scores = None
+  if shape.budget is not None:  # log path probabilities, parents before children
+    logq = jnp.concatenate(logq, axis=1)  # [B,N]
+    logq = jnp.where(jnp.isnan(logq), -jnp.inf, logq)
+    scores = jnp.zeros((logq.shape[0], 1), logq.dtype)  # the root's, position 0
+    for start, end in spans:
+      scores = jnp.concatenate(
+          [scores, scores[:, shape.parent_positions()[start:end]] + logq[:, start:end]], 1)
+    scores = scores[:, 1:]
+  return jnp.concatenate(nodes, axis=1), q_at, cache, scores
 
 
 def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConfig,
@@ -236,7 +289,7 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
     nodes, _ = lookup_tree(state, shape=shape, min_n=1, max_n=draft_config.max_n)
     q_at, draft_cache = None, None
   else:  # a hybrid's feature draft runs on every row: its cache stays the emitted tokens'
-    nodes, q_at, draft_cache = draft_tree(
+    nodes, q_at, draft_cache, scores = draft_tree(
         target_params, draft_params, state, draft_keys, shape=shape, rule=rule,
         draft_config=feature_part(draft_config) or draft_config, warp_fn=warp_fn,
         vocab_size=vocab_size, greedy=sampling.temperature == 0)
@@ -245,15 +298,34 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
                                   max_n=draft_config.max_n)
       nodes = jnp.where(found[:, None], looked, nodes)
 
-  target_in = jnp.concatenate([pending_tokens(state)[:, None], nodes], axis=1)  # [B,N+1]
-  positions = length[:, None] + jnp.asarray((0,) + shape.depths)[None, :]
+  # the call's positions: 0 = the root, then every node or, for a dynamic tree, the
+  # selected ones (call[b, j] = the node at position j+1 of row b's call)
+  rows = jnp.arange(nodes.shape[0])[:, None]
+  node_mask = None
+  if shape.budget is None:
+    call = jnp.broadcast_to(jnp.arange(n_nodes, dtype=jnp.int32), nodes.shape)
+  else:
+    call = select_nodes(shape, scores)  # [B,N']
+    node_mask = jnp.zeros(nodes.shape, bool).at[rows, call].set(True)
+  at = jnp.concatenate([jnp.zeros_like(call[:, :1]), call + 1], axis=1)  # [B,N'+1]
+  target_in = jnp.concatenate([pending_tokens(state)[:, None],
+                               jnp.take_along_axis(nodes, call, axis=1)], axis=1)
+  positions = length[:, None] + jnp.asarray((0,) + shape.depths)[at]
+  visible = jnp.asarray(position_mask(shape))[at[:, :, None], at[:, None, :]]  # [B,N'+1,N'+1]
   slots = state.target_cache["k"].shape[2]
   out = forward(target_params, target_in, positions, with_length(state.target_cache, length),
-                config=target_config, attn_mask=tree_mask(shape, length, slots,
-                                                          np.arange(n_nodes + 1)),
+                config=target_config, attn_mask=_slot_mask(visible, length, slots),
                 hidden_layers=feature_part(draft_config).feature_layers if feature else ())
-  p_at = warp_fn(out[0])  # [B,N+1,V]
-  path, block, num_accepted = tree_verify(shape, nodes, q_at, p_at, split[:, 1], rule=rule)
+  p_at = warp_fn(out[0])  # [B,N'+1,V]
+  if shape.budget is not None:  # back to positions of the candidate tree (unsent: never read)
+    p_at = jnp.zeros(p_at.shape[:1] + (n_nodes + 1,) + p_at.shape[2:],
+                     p_at.dtype).at[rows, at].set(p_at)
+  path, block, num_accepted = tree_verify(shape, nodes, q_at, p_at, split[:, 1], rule=rule,
+                                          node_mask=node_mask)
+  # the path's nodes as positions of the call (the target cache's slots ℓ+1+j)
+  slot_of = jnp.full(nodes.shape, -1, jnp.int32).at[rows, call].set(
+      jnp.arange(call.shape[1], dtype=jnp.int32))
+  call_path = jnp.where(path >= 0, jnp.take_along_axis(slot_of, jnp.maximum(path, 0), 1), -1)
 
   live = ~state.done
   state = state.replace(
@@ -262,9 +334,9 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
   state, _ = spec._emit(state, jnp.maximum(block, 0), num_accepted + 1, eos_id=eos_id,
                         max_new_tokens=max_new_tokens)
   new_length = state.num_tokens - 1
-  target_cache = with_length(compact_path(out[1], length, path), new_length)
+  target_cache = with_length(compact_path(out[1], length, call_path), new_length)
   if feature:  # the target's features at ℓ (root) and the path, then ℓ_d = ℓ+1
-    at = jnp.concatenate([jnp.zeros_like(path[:, :1]), path + 1], axis=1)  # [B,D+1]
+    at = jnp.concatenate([jnp.zeros_like(path[:, :1]), call_path + 1], axis=1)  # [B,D+1]
     feats = jnp.take_along_axis(out[2], jnp.maximum(at, 0)[:, :, None], axis=1)  # [B,D+1,F]
     valid = jnp.concatenate([jnp.ones_like(path[:, :1], bool), path >= 0], axis=1)
     feats = jnp.where(valid[:, :, None], feats, 0)  # zeros past the path, as the chain pads

@@ -24,6 +24,11 @@ maximizes the expected tokens per target call under a table a[d, r] of acceptanc
 rates per depth and child rank (measured by `scripts/tree_study.py --rank_table`), and
 `expected_tokens` gives that model's figure for any shape. `parse_tree` reads both
 notations from a config string.
+
+A *dynamic* tree (EAGLE-2, Li et al. 2024) is a shape with a node `budget` N' < N: the N
+nodes are drafted as candidates, and each row sends only the N' of the largest draft path
+probability to the target (`tree_decode`), so the tree's form follows the draft's
+confidence step by step ('dynamic:15:best:48' in a config: 15 of a 48-node candidate tree).
 """
 
 from __future__ import annotations
@@ -46,12 +51,16 @@ class TreeShape:
 
   parents: tuple of N ints; parents[i] = -1 for a child of the root, else an earlier
     node index (0 <= parents[i] < i), so parents come before their children.
+  budget: None for a static tree; else N' in 1..N, a dynamic tree's node budget: each step
+    a row sends the N' candidate nodes of the largest draft path probability to the
+    target (`tree_decode`), so `call_nodes` = N'.
   Derived (not part of equality or the hash): depths [N] (1 = child of the root),
   child_rank [N] (0-based rank among siblings, in node order), num_nodes = N,
   max_depth = D.
   """
 
   parents: tuple
+  budget: int | None = None
   depths: tuple = dataclasses.field(init=False, repr=False, compare=False)
   child_rank: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -72,6 +81,12 @@ class TreeShape:
       rank.append(seen.get(p, 0))
       seen[p] = rank[-1] + 1
     object.__setattr__(self, "parents", tuple(int(p) for p in parents))
+    if self.budget is not None:
+      budget = _check_int("tree budget", self.budget, 1)
+      if budget > len(parents):
+        raise ValueError(f"tree budget = {budget} must be at most the {len(parents)} "
+                         f"candidate nodes it is chosen from")
+      object.__setattr__(self, "budget", budget)
     object.__setattr__(self, "depths", tuple(depths))
     object.__setattr__(self, "child_rank", tuple(rank))
 
@@ -79,6 +94,15 @@ class TreeShape:
   def num_nodes(self) -> int:
     """N, the number of drafted nodes (the root not counted)."""
     return len(self.parents)
+
+  @property
+  def call_nodes(self) -> int:
+    """The drafted nodes of one target call: the budget of a dynamic tree, else N."""
+    return self.num_nodes if self.budget is None else self.budget
+
+  def with_budget(self, budget: int | None) -> "TreeShape":
+    """The same candidate nodes as a dynamic tree of node budget `budget` (None: static)."""
+    return dataclasses.replace(self, budget=budget)
 
   @property
   def max_depth(self) -> int:
@@ -258,11 +282,18 @@ def parse_tree(text: str) -> TreeShape | None:
   """A config string -> TreeShape; '' -> None (a chain).
 
   '3,2,1' or '3x2x1': `from_branching`. 'paths:0,1,00,000': `from_paths`, each path a
-  string of child ranks 0..9 from the root down.
+  string of child ranks 0..9 from the root down. 'dynamic:N\':<either>': those candidate
+  nodes as a dynamic tree of node budget N' (`TreeShape.budget`).
   """
   text = str(text).strip()
   if not text:
     return None
+  if text.startswith("dynamic:"):
+    budget, _, rest = text[len("dynamic:"):].partition(":")
+    if not budget.strip().isdigit() or not rest.strip():
+      raise ValueError(f"a dynamic tree is 'dynamic:<node budget>:<candidate tree>', e.g. "
+                       f"'dynamic:6:3x2x1', got {text!r}")
+    return parse_tree(rest).with_budget(int(budget))
   if text.startswith("paths:"):
     items = [t.strip() for t in text[len("paths:"):].split(",")]
     if not all(t.isdigit() for t in items):

@@ -5,8 +5,8 @@ Law tests: a tiny target (vocabulary 4) generates 3 tokens after a fixed prompt;
 exact probability of each of the 4^3 = 64 continuations is enumerated (one forward over
 all of them, after the same warp) and ROWS tree-decoded rows (one batched call, each row
 its own key stream) are compared by a chi-square test with cells expected below 5
-pooled. Each case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (three
-cases: at most 0.3% for the file); seeds are fixed, so the outcome is deterministic. The
+pooled. Each case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (five
+cases: at most 0.5% for the file); seeds are fixed, so the outcome is deterministic. The
 negative control (no residual after a rejection) must fail it. Cases marked slow (more
 shapes and kinds of the same checks, the control) run in `make test-all`.
 """
@@ -30,6 +30,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 0], [7], [3, 1, 4, 1]]
 SHAPES = [TreeShape.from_branching((2, 2)), TreeShape.from_branching((3, 1, 1))]
 SPARSE = TreeShape.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+DYNAMIC = TreeShape.from_branching((3, 2, 1)).with_budget(4)  # 4 of 15 candidates per call
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
                 ("feature", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
                 ("model", SHAPES[1], "topk"), ("feature", SHAPES[1], "sampled"),
                 ("feature", SPARSE, "topk"),
+                ("model", DYNAMIC, "topk"), ("feature", DYNAMIC, "topk"),
                 pytest.param("model", SHAPES[1], "sampled", marks=pytest.mark.slow),
                 pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
 
@@ -119,14 +121,16 @@ def _prefill(pair_config, params, tokens, **kw):
   return run(params, tokens, positions)
 
 
-@pytest.mark.parametrize("kind", ["model", "feature"])
-def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind):
+@pytest.mark.parametrize("kind,shape", [("model", SHAPES[0]), ("feature", SHAPES[0]),
+                                        ("model", DYNAMIC), ("feature", DYNAMIC)])
+def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind, shape):
   """K/V of the emitted prefix (slots 0..num_tokens-2) == a prefill of those tokens, in
   the target cache and an independent draft's; a feature draft's `features` == the
-  target's features at ℓ_old .. new ℓ - 1."""
+  target's features at ℓ_old .. new ℓ - 1. A dynamic tree's path comes from its call
+  slots, not its candidate numbering."""
   pair = model_pair if kind == "model" else feature_pair
   target, tp, draft, dp = pair
-  before, state = _one_tree_step(pair, SHAPES[0], "topk", SamplingConfig(1.0))
+  before, state = _one_tree_step(pair, shape, "topk", SamplingConfig(1.0))
   emitted = np.asarray(state.num_tokens - before.num_tokens)
   assert (emitted >= 2).any()  # a path of n >= 1 was compacted
   width = int(state.num_tokens.max())
@@ -151,11 +155,13 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
                                  feats[b, old[b]:old[b] + emitted[b]], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind,rule", [
-    ("model", "sampled"), pytest.param("feature", "topk", marks=pytest.mark.slow)])
-def test_row_output_independent_of_batch_companions(model_pair, feature_pair, kind, rule):
+@pytest.mark.parametrize("kind,rule,shape", [
+    ("model", "sampled", SHAPES[0]), ("model", "topk", DYNAMIC),
+    pytest.param("feature", "topk", SHAPES[0], marks=pytest.mark.slow)])
+def test_row_output_independent_of_batch_companions(model_pair, feature_pair, kind, rule,
+                                                    shape):
   pair = model_pair if kind == "model" else feature_pair
-  kw = dict(sampling=SamplingConfig(1.0), tree=SHAPES[0], tree_rule=rule, prompt_width=6)
+  kw = dict(sampling=SamplingConfig(1.0), tree=shape, tree_rule=rule, prompt_width=6)
   alone = generate(pair, prompts=[PROMPTS[1]], seed=5, row_ids=[7], **kw)
   mixed = generate(pair, prompts=[PROMPTS[0], PROMPTS[1], PROMPTS[3]], seed=5,
                    row_ids=[1, 7, 3], **kw)
@@ -185,11 +191,13 @@ def exact_sequence_probs(config, params, sampling) -> np.ndarray:
 
 LAW_CASES = [("model", (2, 2), "sampled", 0), ("model", (3, 1), "topk", 1),
              ("ngram", (2, 1, 1), "topk", 3), ("hybrid", (2, 1, 1), "topk", 4),
+             ("feature", TreeShape.from_branching((3, 2)).with_budget(3), "topk", 5),
              pytest.param("feature", (2, 1), "sampled", 2, marks=pytest.mark.slow)]
 
 
 def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float:
-  """The chi-square p-value of ROWS tree-decoded continuations against the exact law."""
+  """The chi-square p-value of ROWS tree-decoded continuations against the exact law.
+  branching: a per-depth branching tuple or a TreeShape."""
   target, tp, draft, dp = pair
   sampling = SamplingConfig(temperature=1.0)
   exact = exact_sequence_probs(target, tp, sampling)
@@ -197,7 +205,8 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
   out = speculative_generate(tp, dp, [LAW_PROMPT] * ROWS, target_config=target,
                              draft_config=draft, gamma=1, max_new_tokens=NEW,
                              sampling=sampling, seed=seed,
-                             tree=TreeShape.from_branching(branching), tree_rule=rule)
+                             tree=branching if isinstance(branching, TreeShape)
+                             else TreeShape.from_branching(branching), tree_rule=rule)
   assert (out.lengths == NEW).all()
   if isinstance(draft, (NgramDraft, HybridDraft)):  # lookups exist in 3 + 3 tokens of 4 kinds
     assert (out.accepted > 0).any()
@@ -266,3 +275,22 @@ def test_hybrid_tree_needs_topk(feature_pair):
 def test_unknown_tree_rule_is_refused(model_pair):
   with pytest.raises(ValueError, match="'greedy'"):
     generate(model_pair, tree=SHAPES[0], tree_rule="greedy")
+
+
+@pytest.mark.parametrize("kind,rule", [("model", "sampled"), ("ngram", "topk")])
+def test_dynamic_tree_needs_topk_and_a_model_draft(model_pair, kind, rule):
+  target, tp, draft, dp = model_pair
+  draft, dp = (draft, dp) if kind == "model" else (NgramDraft(), None)
+  shape = TreeShape.from_branching((3, 1, 1)).with_budget(4)  # a lookup draft's form
+  with pytest.raises(ValueError, match="dynamic tree .budget 4. needs tree_rule 'topk'"):
+    speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                         gamma=1, max_new_tokens=4, tree=shape, tree_rule=rule)
+
+
+def test_select_nodes_takes_the_likeliest_and_their_ancestors():
+  """Largest log path probability first; a tie goes to the lower index (a parent)."""
+  from specdec_jax.tree_decode import select_nodes
+  shape = TreeShape.from_branching((2, 2)).with_budget(3)  # nodes 2, 3 below 0
+  scores = jnp.array([[-0.1, -2.0, -0.1, -0.5, -3.0, -3.0],
+                      [-1.0, -0.2, -5.0, -6.0, -0.9, -0.3]])
+  np.testing.assert_array_equal(select_nodes(shape, scores), [[0, 2, 3], [1, 4, 5]])

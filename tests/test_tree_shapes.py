@@ -102,6 +102,10 @@ def test_best_first_with_no_second_choices_is_a_chain():
     (lambda: best_first([[np.nan]], 3), "nan"),
     (lambda: best_first([[0.5]], 0), "num_nodes = 0"),
     (lambda: expected_tokens(TreeShape.chain(2), [0.5]), "table"),
+    (lambda: TreeShape.chain(3).with_budget(4), "budget = 4 must be at most the 3"),
+    (lambda: TreeShape.chain(3).with_budget(0), "budget = 0"),
+    (lambda: parse_tree("dynamic:x:3x2"), "'dynamic:x:3x2'"),
+    (lambda: parse_tree("dynamic:4"), "'dynamic:4'"),
 ])
 def test_bad_input_raises(make, match):
   with pytest.raises(ValueError, match=match):
@@ -121,3 +125,12 @@ def test_a_mixture_of_tables_averages_their_predictions():
   assert best.max_depth >= 4 and len(best.children()[0]) >= 2, paths_string(best)
   assert expected_tokens(best, mix) > max(expected_tokens(best_first(easy, 8), mix),
                                           expected_tokens(best_first(hard, 8), mix))
+
+
+def test_dynamic_tree_is_its_candidates_with_a_budget():
+  shape = parse_tree("dynamic:4:3x2")
+  assert shape == TreeShape.from_branching((3, 2)).with_budget(4)
+  assert (shape.num_nodes, shape.call_nodes, shape.max_depth) == (9, 4, 2)
+  assert shape != TreeShape.from_branching((3, 2))  # static and dynamic compile apart
+  assert shape.with_budget(None).call_nodes == 9
+  assert parse_tree("dynamic:2:paths:0,1,00").parents == (-1, -1, 0)
