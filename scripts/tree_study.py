@@ -64,6 +64,12 @@ _SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1", "best
                             "rank table)")
 _CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4", "5", "6"], "chain gammas")
 _RANK_TABLE = flags.DEFINE_bool("rank_table", True, "measure the rank table a[d, r] first")
+_RANK_TABLE_FROM = flags.DEFINE_string("rank_table_from", "", "take the rank table from this "
+                                       "earlier study JSON instead of measuring it")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "sampling temperatures")
+_APPEND = flags.DEFINE_bool("append", False, "add the rows to those of --out (same config, "
+                            "rule and T: replaced), with the rank table of --out; each new "
+                            "row records its own machine stamp")
 PROBE_K, PROBE_DEPTH, MIN_REACHED, SHRINK = 8, 6, 30, 4
 _LIMIT = flags.DEFINE_integer("limit", 0, "use only the first N prompts (0 = all)")
 _COSTS = flags.DEFINE_bool("costs", True, "measure v(k) and c")
@@ -177,18 +183,27 @@ def plan(table):
   """[(label, kind, what, rule, temperature)] in run order; `what` is γ for a chain and a
   list of (prompt indices, TreeShape) for a tree (one entry: every prompt)."""
   out = []
-  for t in (0.0, 1.0):
+  for t in [float(x) for x in _TEMPERATURES.value]:
     for g in _CHAINS.value:
       out.append((f"chain {g}", "chain", int(g), "block", t))
     for s in _SHAPES.value:
-      if s.startswith("best:"):
+      budget, candidates = None, s
+      if s.startswith("dynamic:"):
+        budget, _, candidates = s[len("dynamic:"):].partition(":")
+        budget = int(budget)
+      if candidates.startswith("best:"):
         if table is None:
           raise ValueError(f"shape {s!r} needs the rank table (--rank_table)")
-        what, label = cross_fitted(table, int(s[5:])), f"best-first {s[5:]}"
+        what = cross_fitted(table, int(candidates[5:]))
+        label = f"best-first {candidates[5:]}"
       else:
-        what = [(None, TreeShape.from_branching(tuple(int(b) for b in s.split("x"))))]
-        label = f"tree {s}"
-      for rule in (("topk",) if t == 0 else ("sampled", "topk")):
+        what = [(None, tree_shapes.parse_tree(candidates))]
+        label = f"tree {candidates}"
+      if budget is not None:
+        what = [(rows, shape.with_budget(budget)) for rows, shape in what]
+        label = f"dynamic {budget} of {label}"
+      rules = ("topk",) if t == 0 or budget is not None else ("sampled", "topk")
+      for rule in rules:
         out.append((label, "tree", what, rule, t))
   return out
 
@@ -229,7 +244,20 @@ def main(_):
         prompt_width=width, **kw)
 
   table = mix = None
-  if _RANK_TABLE.value:
+  if _APPEND.value:
+    with open(_OUT.value) as f:
+      doc = json.load(f)
+    table = doc["rank_table"]
+    mix = mixture(np.asarray(table["per_prompt"]["hits"]),
+                  np.asarray(table["per_prompt"]["reached"]))
+  elif _RANK_TABLE_FROM.value:
+    with open(_RANK_TABLE_FROM.value) as f:
+      earlier = json.load(f)
+    table = doc["rank_table"] = dict(earlier["rank_table"], source=_RANK_TABLE_FROM.value,
+                                     source_stamp=earlier["stamp"])
+    mix = mixture(np.asarray(table["per_prompt"]["hits"]),
+                  np.asarray(table["per_prompt"]["reached"]))
+  elif _RANK_TABLE.value:
     t0 = time.perf_counter()
     table = doc["rank_table"] = rank_table(generate)
     table["seconds"] = time.perf_counter() - t0
@@ -251,7 +279,7 @@ def main(_):
         out = generate(dict(gamma=1, tree=shape, tree_rule=rule), temp, rows)
         per_row[slice(None) if rows is None else rows] = out.lengths / out.steps_per_row
       shapes = [shape for _, shape in what]
-      nodes = shapes[0].num_nodes
+      nodes = shapes[0].call_nodes  # a dynamic tree's budget: the nodes of one target call
       depth = float(np.mean([sh.max_depth for sh in shapes]))  # folds' trees may differ
     mean, low, high = prompt_sets.mean_interval(per_row)
     row = dict(config=label, kind=kind, nodes=nodes, depth=depth, rule=rule,
@@ -259,12 +287,18 @@ def main(_):
                per_prompt=[float(x) for x in per_row], seconds=time.perf_counter() - t0)
     if kind == "tree":
       row["paths"] = " | ".join(tree_shapes.paths_string(sh) for sh in shapes)
+      if shapes[0].budget is not None:
+        row["candidates"] = shapes[0].num_nodes
       if len(shapes) > 1:
         row["cross_fitted"] = "fold k (prompts i % 2 == k) decodes with the tree built from " \
                               "the other fold's rank tables"
-    if mix is not None and temp == 0:
+    if mix is not None and temp == 0 and shapes[0].budget is None:
       row["model_tokens_per_call"] = float(np.mean(
           [tree_shapes.expected_tokens(sh, mix) for sh in shapes]))
+    if _APPEND.value:
+      row["stamp"] = machine_stamp()
+      doc["rows"] = [r for r in doc["rows"] if (r["config"], r["rule"], r["temperature"])
+                     != (label, rule, temp)]
     doc["rows"].append(row)
     print(f"{label:12s} N={nodes:2d} D={depth:g} {rule:7s} T={temp:g}: {mean:.3f} "
           f"[{low:.3f}, {high:.3f}]  ({row['seconds']:.0f} s)", flush=True)
