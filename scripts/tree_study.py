@@ -2,6 +2,10 @@ r"""Tokens per target call of token trees against chains (SmolLM2, shipped featu
 
   PYTHONPATH=. .venv/bin/python scripts/tree_study.py \
       --out=docs/results/tree_tokens_per_call.json
+  # dynamic trees at T = 0 only, added to the committed rows (their rank table):
+  PYTHONPATH=. .venv/bin/python scripts/tree_study.py --append --temperatures=0 \
+      --chains= --shapes=dynamic:8:best:32,dynamic:16:best:64 --nocosts \
+      --out=docs/results/tree_tokens_per_call.json
 
 Every prompt of configs/prompts/heldout.json (30; chat prompts through the ChatML
 template) in one batch, padded to the longest, 32 new tokens (no EOS stop), seed 0,
@@ -10,7 +14,9 @@ lookup). Per configuration: tokens per target call = emitted tokens / steps of e
 the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..4
 (block verifier, the default) at T=0 and T=1, and trees (`tree_decode`) with rule 'topk'
 at T=0 and both rules at T=1. A shape is a branching per depth ('3x2x1') or 'best:N':
-the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below).
+the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below), or
+'dynamic:N:<shape>': those candidate nodes, of which each row sends its N likeliest
+under the draft to the target each step (`TreeShape.budget`; rule 'topk' only).
 
 The rank table (`--rank_table`, first): one T=0 run with rule 'topk' over a caterpillar
 probe tree (K = 8 children on each rank-0 node, depth 6; `caterpillar`) records each
@@ -58,10 +64,12 @@ from specdec_jax.tree_shapes import TreeShape
 _OUT = flags.DEFINE_string("out", "docs/results/tree_tokens_per_call.json", "JSON output")
 _NEW = flags.DEFINE_integer("max_new_tokens", 32, "new tokens per prompt")
 _SHAPES = flags.DEFINE_list("shapes", ["2x1x1", "2x2x1", "4x1x1", "3x2x1", "best:8",
-                                       "best:12", "best:15"],
+                                       "best:12", "best:15", "dynamic:8:best:32",
+                                       "dynamic:16:best:64"],
                             "tree shapes: branching per depth joined by 'x' "
-                            "(TreeShape.from_branching), or 'best:N' (best_first over the "
-                            "rank table)")
+                            "(TreeShape.from_branching), 'best:N' (best_first over the "
+                            "rank table), or 'dynamic:N:<either>' (N of those candidates "
+                            "per step, `TreeShape.budget`; rule 'topk' only)")
 _CHAINS = flags.DEFINE_list("chains", ["1", "2", "3", "4", "5", "6"], "chain gammas")
 _RANK_TABLE = flags.DEFINE_bool("rank_table", True, "measure the rank table a[d, r] first")
 _RANK_TABLE_FROM = flags.DEFINE_string("rank_table_from", "", "take the rank table from this "

@@ -308,6 +308,18 @@ def tree_table(doc: dict) -> list[str]:
               "rank tables): "
               + "; ".join(f"{r['config']}: `{r['paths']}`" for r in best
                           if r["temperature"] == best[0]["temperature"])]
+  dynamic = [r for r in doc.get("rows", []) if r.get("candidates")]
+  if dynamic:
+    lines += ["", "Dynamic trees (`TreeShape.budget`, rule 'topk'): each step a row sends to "
+              "the target only the N of the candidate tree's nodes with the largest draft "
+              "path probability (logits / `tree_decode.SELECTION_TEMPERATURE`); the "
+              "candidates are the best-first tree named, cross-fitted as above; D is the "
+              "deepest candidate, and D c undercounts their draft calls, which cover every "
+              "candidate of a depth. Rows added by `tree_study.py --append` carry their own "
+              "stamp (commit, command): "
+              + "; ".join(f"{r['config']}: {r['stamp']['git_commit'][:7]}"
+                          + (" (uncommitted changes)" if r["stamp"].get("git_dirty") else "")
+                          for r in dynamic if r.get("stamp"))]
   ranks = doc.get("rank_table")
   if ranks:
     acc = ranks["accept"]
