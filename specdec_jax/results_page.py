@@ -84,6 +84,15 @@ SECTIONS = (
             "the mean, each with its 95% Student-t interval over prompts.",
             ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
              f"--out={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
+    Section("heldout-cpu2", "benchmark_heldout_smollm2_cpu2.json", "prompt_set",
+            "SmolLM2-135M with the default draft on the held-out prompt set, greedy, on a "
+            "second CPU kind",
+            "The greedy held-out run again on a machine of another CPU kind (its stamp "
+            "names it; a wide target call costs more relative to one token there), with "
+            "γ 'auto' choosing from that machine's own cost table. Run it on such a machine "
+            "to replace it.",
+            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
+             f"--out={RESULTS_DIR}/benchmark_heldout_smollm2_cpu2.json"), needs_draft=True),
     Section("heldout-t1", "benchmark_heldout_smollm2_t1.json", "prompt_set",
             "SmolLM2-135M with the default draft on the held-out prompt set, temperature 1",
             "As above, sampling at temperature 1: one sample per prompt, so each prompt's "
