@@ -338,13 +338,23 @@ def tree_table(doc: dict) -> list[str]:
               f"reached: {ranks.get('reached')}.", ""]
     lines += table(header, body)
   if costs:
-    lines += ["", f"Predicted speedup = tokens per call / (v(N+1) + D c), c = "
+    lines += ["", f"Predicted speedup{_costs_machine(doc)} = tokens per call / (v(N+1) + D c), c = "
               f"{num(costs.get('c'), '.3f')}, v(k) of the target at batch "
               f"{costs.get('batch', '?')}, context {costs.get('context', '?')}. Rank model = "
               f"`tree_shapes.expected_tokens` under the rank table."]
   if doc.get("timing_note"):
     lines += ["", doc["timing_note"]]
   return lines
+
+
+def _costs_machine(doc: dict) -> str:
+  """' (timed on <machine>)' where v(k) and c were re-timed apart from the rows."""
+  from specdec_jax.results_page import isa_summary  # it imports this module
+  stamp = doc.get("costs_stamp")
+  if not stamp:
+    return ""
+  return (f" (timed on {stamp.get('cpu', '?')}, {isa_summary(stamp.get('isa', []))}, at "
+          f"{str(stamp.get('git_commit'))[:7]})")
 
 
 def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
@@ -359,8 +369,9 @@ def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
     for key, what, cell in (
         ("tokens_per_call", "best tree's tokens per target call over the best chain's",
          _tree_cell),
-        ("predicted_speedup", "predicted speedup from v(N+1) and c, fastest tree over "
-         "fastest chain", lambda r: f"{r['predicted_speedup']:.2f}x")):
+        ("predicted_speedup", "predicted speedup from v(N+1) and c"
+         + _costs_machine(doc) + ", fastest tree over fastest chain",
+         lambda r: f"{r['predicted_speedup']:.2f}x")):
       if not all(r.get(key) for r in rows):
         continue
       chain = max(chains, key=lambda r: r[key])
