@@ -30,11 +30,11 @@ the loop's decode-state invariant (`speculative`'s module docstring) and its cac
      tree attention -> p_at [B,N+1,V] after the chain's warp (and the target's features).
      A dynamic tree (`TreeShape.budget` N') sends only the N' nodes of the largest draft
      log path probability Σ log q(x | parent) (draft logits / SELECTION_TEMPERATURE, not
-     the sampling warp; `select_nodes`), in
-     node order, at slots ℓ+1..ℓ+N'; their rows of p go back to their node positions and
-     `node_mask` marks them (rule 'topk' only: which candidates a row sends depends on
-     the draft alone, so each position's children are still a set chosen without the
-     verifier's randomness, and the walk is exact);
+     the sampling warp; `select_nodes`), in node order, at slots ℓ+1..ℓ+N'; their rows
+     of p go back to their node positions and `node_mask` marks them (rule 'topk' only:
+     which candidates a row sends depends on the draft alone, so each position's
+     children are still a set chosen without the verifier's randomness, and the walk is
+     exact);
   3. `tree_verify.tree_verify(shape, nodes, q_at, p_at, verify_keys, rule=...)` -> the
      accepted path (n nodes) and y; the row emits the path's tokens then y (`_emit`);
   4. the accepted path's K/V move to contiguous slots (node at depth d: from its call
