@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax import adaptive, ngram
+from specdec_jax.arguments import FEATURE_LAG
 from specdec_jax.drafting import feature_part
 from specdec_jax.model import forward, init_cache, unrolled_feature_logits
 from specdec_jax.sampling import SamplingConfig
@@ -63,7 +64,7 @@ class Rule:
   prior: tuple[float, float] = adaptive.ALPHA_PRIOR
   weight: float = adaptive.ALPHA_WEIGHT
   by_source: bool = True
-  lag: int = 4
+  lag: int = FEATURE_LAG
   fixed: int | None = None
   oracle: bool = False
 

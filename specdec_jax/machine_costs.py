@@ -54,7 +54,8 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
   if sampling is not None:
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=3)  # s_lookup too
+    # steps: the step-cost harness's version (4: whole state live), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=4)
   return key
 
 
@@ -116,9 +117,12 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
                          draft_cache=draft_cache)
 
   def timed_loop(step, start, *more):
-    # params are arguments, as in the decode loop (closed over, XLA folds them as constants)
+    # params are arguments, as in the decode loop (closed over, XLA folds them as constants).
+    # The loop returns the whole state: returning the tokens alone let XLA drop a plain
+    # step's draft call (its q_1 feeds only α̂ and the draft cache, not the tokens), and
+    # such a probe step then timed as a skipped one (0.98 plain steps, not 1.17).
     loop = jax.jit(lambda tp, dp, s: jax.lax.fori_loop(
-        0, steps, lambda i, x: step(tp, dp, rewound(x, s)), s).tokens)
+        0, steps, lambda i, x: step(tp, dp, rewound(x, s)), s))
     return [lambda s=s: jax.block_until_ready(loop(target_params, draft_params, s))
             for s in (start, *more)]
 

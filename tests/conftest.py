@@ -17,10 +17,21 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts its backend
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
 
+import pathlib  # noqa: E402
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from helpers import tiny_config, tiny_model  # noqa: E402
+
+# Many modules compile the same tiny decode loops, and `release_compiled_programs` drops
+# them between modules: a persistent compilation cache, shared by the xdist workers and
+# kept between runs under .pytest_cache/ (ignored by git; a clean clone starts empty),
+# compiles each program once. Keys include the program, the XLA flags and the versions.
+COMPILE_CACHE = pathlib.Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax_compile"
+jax.config.update("jax_compilation_cache_dir", str(COMPILE_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture(scope="session")

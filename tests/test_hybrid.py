@@ -78,9 +78,10 @@ def test_lookup_found_needs_a_match_of_min_n():
 
 @pytest.fixture(scope="module")
 def hybrid_pair():
-  """test_exactness's target and feature draft, wrapped in a 2-token lookup."""
-  target = tiny_config(vocab=4, layers=2, width=16, max_seq_len=16)
-  feature = tiny_config(vocab=4, layers=1, width=8, max_seq_len=16, tie_embeddings=False,
+  """test_exactness's target and feature draft, wrapped in a 2-token lookup (24 positions:
+  gamma='auto' adds the feature lag to the cache)."""
+  target = tiny_config(vocab=4, layers=2, width=16, max_seq_len=24)
+  feature = tiny_config(vocab=4, layers=1, width=8, max_seq_len=24, tie_embeddings=False,
                         feature_layers=(1, 2), feature_width=target.embed_dim)
   return (target, tiny_model(target, 10, factor=4.0), HybridDraft(feature, 2, 2),
           tiny_model(feature, 12, factor=4.0))
