@@ -35,9 +35,10 @@ VERIFIERS: dict[str, Verifier] = {"token": verify, "block": block_verify}
 # then FEATURE_LAG positions wider (`speculative`'s docstring, "Plain steps skip the draft"),
 # and a row's draft runs (its probe) on every FEATURE_LAG-th plain step. A probe step costs
 # 1.17 plain steps with the shipped draft on a 2-core AMD EPYC without AVX-512 (a skipped
-# one 0.98): 8 halves what 4 cost a row that decodes plainly; replayed greedy decodes of
-# the held-out set gave 1.44x / 1.15x (8) against 1.42x / 1.14x (4) on an AVX-512 / AVX2
-# machine's step costs, and fewer prompts below 0.95x on both (1 / 5 against 2 / 7).
+# one 0.98): 8 halves what 4 cost a row that decodes plainly. Replayed greedy decodes of
+# the held-out set (`gamma_replay`, s(0) from those two costs) gave 1.44x / 1.15x with 8
+# against 1.42x / 1.14x with 4 under an AVX-512 / AVX2 machine's step costs, and fewer
+# prompts below 0.95x on both (1 / 5 against 2 / 7).
 FEATURE_LAG = 8
 # Block verification is the default: it accepts the same tokens greedily, and never fewer
 # in expectation when sampling (exact tests; README: +2-6% tokens per call at T=1).
