@@ -190,9 +190,10 @@ class RMSNorm(nn.Module):
 class Block(nn.Module):
   """Pre-norm attention + SwiGLU MLP of layer `layer`; carry (x[B,T,D], kv) -> (carry, None).
 
-  The (carry, scanned input) signature is what `nn.scan` needs. Reads and writes the whole stacked cache kv = {'k','v': [L,B,S,K,H]} at index
-  `layer` (a traced int under `nn.scan`, a Python int in the unrolled loop), so
-  the cache is one buffer updated in place, never re-stacked.
+  The (carry, scanned input) signature is what `nn.scan` needs. Reads and writes the
+  whole stacked cache kv = {'k','v': [L,B,S,K,H]} at index `layer` (a traced int under
+  `nn.scan`, a Python int in the unrolled loop), so the cache is one buffer updated in
+  place, never re-stacked.
   """
 
   config: ModelConfig
