@@ -339,6 +339,7 @@ class Transformer(nn.Module):
     return jnp.dot(y, self.param("in_proj", init, (e + d, d), dt))
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: Array) -> dict:
   """Random params (normal, std 0.02; norms at 1) for `config`. Jitted: one compile per config.
 
