@@ -59,13 +59,13 @@ def generate(pair, prompts=PROMPTS, **kw):
   return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
 
 
-GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("model", SHAPES[0], "topk"),
-                ("feature", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
+GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
                 ("model", SHAPES[1], "topk"), ("feature", SHAPES[1], "sampled"),
-                ("feature", SPARSE, "topk"),
-                ("model", DYNAMIC, "topk"), ("feature", DYNAMIC, "topk"),
-                pytest.param("model", SHAPES[1], "sampled", marks=pytest.mark.slow),
-                pytest.param("feature", SHAPES[1], "topk", marks=pytest.mark.slow)]
+                ("feature", SPARSE, "topk"), ("feature", DYNAMIC, "topk")] + [
+    pytest.param(*case, marks=pytest.mark.slow) for case in (
+        ("model", SHAPES[0], "topk"), ("feature", SHAPES[0], "sampled"),
+        ("model", SHAPES[1], "sampled"), ("feature", SHAPES[1], "topk"),
+        ("model", DYNAMIC, "topk"))]
 
 
 @pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES + [("ngram", SHAPES[1], "topk"),
@@ -121,8 +121,10 @@ def _prefill(pair_config, params, tokens, **kw):
   return run(params, tokens, positions)
 
 
-@pytest.mark.parametrize("kind,shape", [("model", SHAPES[0]), ("feature", SHAPES[0]),
-                                        ("model", DYNAMIC), ("feature", DYNAMIC)])
+@pytest.mark.parametrize("kind,shape", [
+    ("model", SHAPES[0]), ("feature", DYNAMIC),
+    pytest.param("feature", SHAPES[0], marks=pytest.mark.slow),
+    pytest.param("model", DYNAMIC, marks=pytest.mark.slow)])
 def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind, shape):
   """K/V of the emitted prefix (slots 0..num_tokens-2) == a prefill of those tokens, in
   the target cache and an independent draft's; a feature draft's `features` == the
