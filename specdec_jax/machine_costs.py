@@ -56,8 +56,9 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
   if sampling is not None:
-    # steps: the step-cost harness's version (4: whole state live), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=4)
+    # steps: the step-cost harness's version (5: implausible s(0) re-timed), so older tables
+    # re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=5)
   return key
 
 
