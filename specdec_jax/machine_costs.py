@@ -8,16 +8,15 @@ at batch B and a fixed context (`measure`), and, from `measure_steps`, the step 
 s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as R steps of the
 decode loop's own step function in one compiled `fori_loop` that rewinds the state to the
 same context before each step (so no step pays a copy of the caches), the median of
-`repeats` rounds, the widths and the plain step interleaved in each round (the rounds
-are timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of the
-plain step gives). With a feature
-draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's
-probe cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it. With a hybrid
-draft the same compiled loops also time s_lookup(γ), steps in which every row takes the
-lookup (a context that repeats itself, so every row's lookup matches). Timing takes
-two to four minutes on 2 cores (half of it compiling one loop per width), so
-`load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts use runs/costs/,
-ignored by git) under a key of everything that changes it:
+`repeats` rounds, the widths and the plain step interleaved in each round (timed again
+where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of the plain step
+gives). With a feature draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0)
+is the mean over a row's probe cycle: FEATURE_LAG - 1 steps that skip the draft and one
+that runs it. With a hybrid draft the same compiled loops also time s_lookup(γ), steps
+in which every row takes the lookup (a context that repeats itself, so every row's lookup
+matches). Timing takes two to four minutes on 2 cores (half of it compiling one loop per
+width), so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts
+use runs/costs/, ignored by git) under a key of everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
   batch, context
@@ -171,8 +170,8 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
 
   # A plain step of the speculative loop does an autoregressive step's work and more, so
   # s(0) below PLAUSIBLE_PLAIN_COST means the autoregressive loop, every ratio's
-  # denominator, was timed slow (a table of this machine once read s(0) = 0.90 and every
-  # s(γ) 15-25% below the tables before and after it): the rounds are timed again, at most
+  # denominator, was timed slow (one table read s(0) = 0.90 and every s(γ) 15-25% below
+  # tables of the same machine timed before and after it): the rounds are timed again, at most
   # TIMING_ATTEMPTS times in all, and the attempt with the largest s(0) is kept.
   attempts = []
   for _ in range(TIMING_ATTEMPTS):
