@@ -59,7 +59,7 @@ def ensure_draft(config, distill_config) -> None:
   if not draft_dir.is_absolute():
     draft_dir = pathlib.Path(_bootstrap.ROOT) / draft_dir
   if (draft_dir / "model.json").exists():
-    print(f"draft: {draft_dir} (cached)")
+    print(f"draft: {spec[len('saved:'):]} (cached)")  # as the config names it, no machine path
     return
   if draft_dir.exists():
     raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
