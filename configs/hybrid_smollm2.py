@@ -25,9 +25,8 @@ traces of the held-out set with γ 'auto' (`scripts/gamma_policy_study.py
 costs, probes every 4th plain step), n = 2 gave 1.455x against 1.422x for n = 3 on an
 AVX-512 machine, but 1.069x against 1.133x on an AVX2 machine without AVX-512, where a
 failed lookup step of γ = 6 costs 3.1 plain steps (1.7 on the first); n = 4 was below 3
-on both. Exact at any
-temperature: the choice of branch depends only on tokens already known
-(tests/test_hybrid.py). Expected: the same greedy text as --config.draft=none.
+on both. Exact at any temperature: the choice of branch depends only on tokens already
+known (tests/test_hybrid.py). Expected: the same greedy text as --config.draft=none.
 """
 
 import ml_collections
