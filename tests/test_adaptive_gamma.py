@@ -148,7 +148,8 @@ GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.50, 1.76, 1.98))
 
 
 @pytest.mark.parametrize("kind,verifier", [
-    ("model", "block"), ("feature", "token"), ("ngram", "block"),
+    ("model", "block"), ("feature", "token"),
+    pytest.param("ngram", "block", marks=pytest.mark.slow),
     pytest.param("model", "token", marks=pytest.mark.slow),
     pytest.param("feature", "block", marks=pytest.mark.slow),
     pytest.param("ngram", "token", marks=pytest.mark.slow),

@@ -61,7 +61,7 @@ def test_hidden_layers_are_the_residual_stream(feature_pair):
       (normed * tp["final_norm"]["scale"]) @ tp["embed"].T, logits, atol=1e-3)
 
 
-@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 3])
 def test_decode_equals_training_time_test_unroll(feature_pair, gamma):
   """Every drafted position's exact β = Σ min(p, q_k) recorded by the decode loop equals
   the one computed offline from `unrolled_feature_logits` pass k over the final sequence
@@ -91,7 +91,8 @@ def test_decode_equals_training_time_test_unroll(feature_pair, gamma):
   assert checked >= out.num_steps
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 4])
+@pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 2,
+                                   pytest.param(4, marks=pytest.mark.slow)])
 def test_greedy_feature_speculative_equals_greedy_autoregressive(feature_pair, gamma):
   target, tp = feature_pair[:2]
   ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,

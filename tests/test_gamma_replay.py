@@ -22,7 +22,7 @@ def pair():
           tiny_model(feature, 1, factor=3.0))
 
 
-@pytest.mark.parametrize("kind", ["hybrid", "feature"])
+@pytest.mark.parametrize("kind", ["hybrid", pytest.param("feature", marks=pytest.mark.slow)])
 def test_trace_depths_are_the_loops_accepted_counts(pair, kind):
   """Greedy decoding with a fixed γ accepts min(depth[ℓ], γ) at each step's start ℓ."""
   target, tp, hybrid, dp = pair

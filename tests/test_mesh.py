@@ -101,7 +101,8 @@ def _flat(tree, prefix=""):
 
 @pytest.mark.parametrize("shape", ["1,4", "2,2"])
 def test_mesh_tokens_equal_one_device(reference, local_run, shape):
-  for name in worker.SAMPLINGS:
+  assert local_run[f"mesh_{shape}"]  # every sampling on (2,2), the sampled one on (1,4)
+  for name in local_run[f"mesh_{shape}"]:
     assert local_run[f"mesh_{shape}"][name] == reference["generate"][name], (shape, name)
 
 
@@ -134,8 +135,8 @@ def test_checkpoint_saved_on_one_mesh_restores_on_another(local_run):
 def test_two_processes_equal_one_device(reference, distributed_run):
   out, _ = distributed_run
   assert out["processes"] == 2
-  for name in worker.SAMPLINGS:
-    assert out["mesh_2,2"][name] == reference["generate"][name], name
+  assert list(out["mesh_2,2"]) == ["t1_top_p"]  # the sampled case only
+  assert out["mesh_2,2"]["t1_top_p"] == reference["generate"]["t1_top_p"]
   np.testing.assert_allclose(out["distill"]["mesh_losses"], reference["losses"], rtol=1e-5)
   assert_params_close(out["distill"]["mesh_params"], reference["params"])
 

@@ -68,7 +68,8 @@ def ngram_pair():
 NGRAM_CASES = [
     (1, SamplingConfig(temperature=1.0), verify),
     pytest.param(3, SamplingConfig(temperature=1.0), verify, marks=pytest.mark.slow),
-    (3, SamplingConfig(temperature=0.7, top_p=0.9), verify),
+    pytest.param(3, SamplingConfig(temperature=0.7, top_p=0.9), verify,
+                 marks=pytest.mark.slow),
     (3, SamplingConfig(temperature=1.0), block_verify),
 ]
 

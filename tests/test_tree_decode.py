@@ -59,17 +59,19 @@ def generate(pair, prompts=PROMPTS, **kw):
   return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
 
 
-GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("feature", SHAPES[0], "topk"),
-                ("model", SHAPES[1], "topk"), ("feature", SHAPES[1], "sampled"),
-                ("feature", SPARSE, "topk"), ("feature", DYNAMIC, "topk")] + [
+# make test: each rule with each model draft kind, the sparse and the dynamic tree, and
+# the lookup kinds; the other combinations in make test-all
+GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("feature", SHAPES[1], "sampled"),
+                ("feature", SPARSE, "topk"), ("feature", DYNAMIC, "topk"),
+                ("hybrid", SHAPES[1], "topk")] + [
     pytest.param(*case, marks=pytest.mark.slow) for case in (
+        ("feature", SHAPES[0], "topk"), ("model", SHAPES[1], "topk"),
         ("model", SHAPES[0], "topk"), ("feature", SHAPES[0], "sampled"),
         ("model", SHAPES[1], "sampled"), ("feature", SHAPES[1], "topk"),
-        ("model", DYNAMIC, "topk"))]
+        ("model", DYNAMIC, "topk"), ("ngram", SHAPES[1], "topk"))]
 
 
-@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES + [("ngram", SHAPES[1], "topk"),
-                                                             ("hybrid", SHAPES[1], "topk")])
+@pytest.mark.parametrize("kind,shape,rule", GREEDY_CASES)
 def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind, shape, rule):
   pair = dict(model=model_pair, feature=feature_pair,
               ngram=model_pair[:2] + (NgramDraft(2), None),
@@ -158,7 +160,8 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
 
 
 @pytest.mark.parametrize("kind,rule,shape", [
-    ("model", "sampled", SHAPES[0]), ("model", "topk", DYNAMIC),
+    ("model", "topk", DYNAMIC),
+    pytest.param("model", "sampled", SHAPES[0], marks=pytest.mark.slow),
     pytest.param("feature", "topk", SHAPES[0], marks=pytest.mark.slow)])
 def test_row_output_independent_of_batch_companions(model_pair, feature_pair, kind, rule,
                                                     shape):
