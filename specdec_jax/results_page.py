@@ -59,6 +59,10 @@ SECTIONS = (
             "`make run` and `make test` on a fresh clone",
             "Wall time of each command on a fresh clone of the commit, installation included, "
             "and what it printed."),
+    Section("fresh-clone-cpu2", "fresh_clone_cpu2.json", "fresh_clone",
+            "`make run` and `make test` on a fresh clone, on a second CPU kind",
+            "The same on a machine of another CPU kind (its stamp names it; every test and "
+            "a wide target call cost more there). Run it on such a machine to replace it."),
     Section("smollm2", "benchmark_smollm2.json", "benchmark",
             "SmolLM2-135M with the config's draft at fixed γ, greedy",
             "Speculative against autoregressive decoding on the config's first prompt (batch "
@@ -307,8 +311,9 @@ def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
   """(figure, value) pairs the README quotes from one result file."""
   if section.kind in HEADLINES:
     return HEADLINES[section.kind](section.title, doc)
-  if section.kind == "fresh_clone":
-    return [(f"`{run['command']}` on a fresh clone",
+  if section.kind == "fresh_clone":  # the title's words after "fresh clone" name the machine
+    where = section.title.split("fresh clone", 1)[-1]
+    return [(f"`{run['command']}` on a fresh clone{where}",
              minutes(run["seconds"]) + (f"; printed {printed_figures(run)}"
                                         if run.get("figures") else ""))
             for run in doc["runs"]]
