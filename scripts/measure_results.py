@@ -4,6 +4,7 @@ stamped JSON under docs/results/; `make results` then regenerates the page.
   python scripts/measure_results.py                        # every section but fresh-clone
   python scripts/measure_results.py --only=smollm2,tiny    # some sections
   python scripts/measure_results.py --only=fresh-clone     # make run + make test, timed
+  python scripts/measure_results.py --only=fresh-clone-cpu2  # the same, on a second CPU kind
 
 Each section of `specdec_jax.results_page.SECTIONS` names its command; this script runs
 them one after another (each a subprocess, so each stamps its own command line) and prints
@@ -44,7 +45,7 @@ def sections(names):
   unknown = [n for n in names if n not in known]
   if unknown:
     raise ValueError(f"unknown section(s) {unknown}; known: {sorted(known)}")
-  made_elsewhere = [n for n in names if not known[n].argv and n != "fresh-clone"]
+  made_elsewhere = [n for n in names if not known[n].argv and known[n].kind != "fresh_clone"]
   if made_elsewhere:
     raise ValueError(f"section(s) {made_elsewhere} are not measured here: "
                      + "; ".join(f"{n}: {known[n].made_by or 'see its section'}"
