@@ -79,7 +79,8 @@ TREE_DRAFT_KINDS = ("model", "feature", "ngram", "hybrid")
 # the target draws (at T = 0 its argmax), which the draft's sharpened law tracks better.
 # Chosen on the held-out prompt set at T = 0 (scripts/tree_study.py, this constant
 # edited): 'dynamic:16:best:64' gave 2.17 / 2.32 / 2.31 tokens per target call at 0.25 /
-# 0.5 / 0.7, and 'dynamic:15:best:64' 2.24 at 1 against 2.29 at 0.5.
+# 0.5 / 0.7, and 'dynamic:15:best:64' 2.24 at 1 against 2.29 at 0.5. More candidates do
+# not help: 'dynamic:16:best:128' gave 2.30 at 0.5.
 SELECTION_TEMPERATURE = 0.5
 LOOKUP_KINDS = ("ngram", "hybrid")  # rule 'topk', chains below the root
 
