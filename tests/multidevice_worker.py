@@ -2,8 +2,8 @@
 
   python tests/multidevice_worker.py local WORKDIR
       (XLA_FLAGS=--xla_force_host_platform_device_count=4): pmap, the (2,2) mesh greedy
-      and sampled, the (1,4) mesh sampled, 3 distillation steps on (2,2), a checkpoint saved on (2,2) and restored
-      on (1,4).
+      and sampled, the (1,4) mesh sampled, 3 distillation steps on (2,2), a checkpoint
+      saved on (2,2) and restored on (1,4).
   python tests/multidevice_worker.py distributed WORKDIR HOST:PORT NUM_PROCESSES ID
       (2 forced devices per process): the (2,2) mesh across processes, sampled, and a train
       state checkpoint written by every process for its shards.
