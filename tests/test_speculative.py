@@ -280,12 +280,13 @@ def test_params_config_mismatch_raises(tiny_pair):
                          max_new_tokens=4)
 
 
-def test_prompt_width_pads_without_changing_tokens(greedy_pair):
+@pytest.mark.parametrize("sampling", [pytest.param(GREEDY, marks=pytest.mark.slow),
+                                      SamplingConfig(temperature=1.0)])
+def test_prompt_width_pads_without_changing_tokens(greedy_pair, sampling):
   """Padding the prompts wider (one compiled loop for many prompt lengths) changes no
-  sampled token (the strict case: every draw's key and position must stay the row's
-  own), speculative or plain; a bad width is a clear error."""
+  token, greedy or sampled (the strict case, in make test: every draw's key and position
+  must stay the row's own), speculative or plain; a bad width is a clear error."""
   target, tp, _, _ = greedy_pair
-  sampling = SamplingConfig(temperature=1.0)
   plain = generate(greedy_pair, sampling=sampling, seed=3)
   padded = generate(greedy_pair, sampling=sampling, seed=3, prompt_width=12)
   np.testing.assert_array_equal(padded.tokens, plain.tokens)

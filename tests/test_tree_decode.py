@@ -59,8 +59,9 @@ def generate(pair, prompts=PROMPTS, **kw):
   return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
 
 
-# make test: each rule with each model draft kind, the sparse and the dynamic tree, and
-# the lookup kinds; the other combinations in make test-all
+# make test: rule 'sampled' with the independent and the feature draft, rule 'topk' on
+# the sparse and the dynamic tree and with the hybrid draft; the other combinations in
+# make test-all
 GREEDY_CASES = [("model", SHAPES[0], "sampled"), ("feature", SHAPES[1], "sampled"),
                 ("feature", SPARSE, "topk"), ("feature", DYNAMIC, "topk"),
                 ("hybrid", SHAPES[1], "topk")] + [
