@@ -35,6 +35,12 @@ GAMMA_MAX = 3
 # the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1, and back
 # after rejections.
 SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.92, 1.92, 1.92))
+# With a feature draft a γ = 0 row observes q_1 only every FEATURE_LAG-th plain step,
+# which 4 new tokens never reach, so rows must start drafting to switch: a flat v(k >= 2) =
+# 1.87 makes γ = 3 the best at the prior 0.5 (1 + α + α² + α³ > 1.87 iff α̂ > 0.498), and
+# rows whose drafts then show β below that fall back to γ = 0 (at T = 1 without top-k this
+# draft's β stays above it, and no row falls back: the T = 1 case takes top-k 2).
+FEATURE_SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.87, 1.87, 1.87))
 # v(k) = 5 for k >= 2: no γ >= 1 pays at any α < 1 (E[tokens] <= 4).
 NOTHING_PAYS = CostTable(c=0.0, verify_costs=(1.0, 5.0, 5.0, 5.0))
 GREEDY = SamplingConfig(temperature=0.0)
@@ -49,7 +55,10 @@ def pair():
 
 @pytest.fixture(scope="module")
 def feature_pair(pair):
-  return law_feature_pair(pair)
+  """law_feature_pair with room for gamma='auto''s feature lag: the prompt (3), 4 new
+  tokens, γ_max (3) and `spec.FEATURE_LAG` (8) need 18 positions, over its 16."""
+  target, tp, draft, dp = law_feature_pair(pair)
+  return target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32), dp
 
 
 def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):
@@ -89,17 +98,17 @@ def test_auto_gamma_sequences_follow_target_distribution(pair, sampling, verifie
 
 
 @pytest.mark.parametrize("sampling,verifier", [
-    pytest.param(SamplingConfig(temperature=1.0), block_verify, id="T1-block",
+    pytest.param(SamplingConfig(temperature=1.0, top_k=2), block_verify, id="T1k2-block",
                  marks=pytest.mark.slow),
     pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), verify, id="T0.7p0.9-token",
                  marks=pytest.mark.slow),
 ])
 def test_auto_gamma_feature_draft_follows_target_distribution(feature_pair, sampling,
                                                               verifier):
-  """The feature draft's re-read keeps width G+1 at every call width, so γ = 0 steps
-  leave its cache and features those of the emitted tokens."""
+  """The feature draft's re-read keeps width G+1 at every call width, and γ = 0 steps
+  that skip it leave its cache and features those of the emitted tokens."""
   exact = exact_sequence_probs(feature_pair[0], feature_pair[1], sampling)
-  out = auto_sequences(feature_pair, sampling, verifier, seed=8)
+  out = auto_sequences(feature_pair, sampling, verifier, seed=8, costs=FEATURE_SWITCHING)
   assert_switches(out)
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
