@@ -7,7 +7,12 @@ Reports, at batch 1 in float32:
     unstacked (unrolled) layouts: (t(N+1 tokens) - t(1 token)) / N, medians;
   * a plain numpy decoder with a KV cache on the same weights (ms/token);
   * the weight-streaming floor: weight bytes / measured memory bandwidth;
-  * prefill tokens/s for a 256-token prompt, and the first-call compile time.
+  * prefill tokens/s for a 256-token prompt, and the first-call compile time;
+  * with --product_widths (e.g. 1,2,3,4,5,9): ms of one forward's weight-matrix
+    products alone at k rows (the 7 matrices of each layer and the head, x[k,in] @ W),
+    jitted and in numpy, beside the whole cached forward's v(k) = t(k)/t(1) at context
+    96 (`studies.forward_call`): how much of v(k) the CPU's matrix products set.
+    --products_only skips the rest.
 numpy's BLAS is slowed by OPENBLAS_CORETYPE on these machines (env notes); for a
 fair numpy figure run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
 """
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
+from specdec_jax import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
@@ -30,6 +36,9 @@ from specdec_jax.speculative import autoregressive_generate
 _TOKENS = flags.DEFINE_integer("tokens", 64, "decoded tokens per timed run")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "timed runs (median)")
 _OUT = flags.DEFINE_string("out", None, "write the figures as JSON here")
+_WIDTHS = flags.DEFINE_list("product_widths", [], "rows k of the matrix-product timing "
+                            "(empty: skipped)")
+_PRODUCTS_ONLY = flags.DEFINE_bool("products_only", False, "time the products alone")
 
 
 def numpy_decoder(cfg, params):
@@ -93,6 +102,42 @@ def bandwidth_gbs() -> float:
   return 2 * a.nbytes / best / 1e9
 
 
+def product_costs(cfg, params, widths, repeats) -> dict:
+  """{k: ms of the weight-matrix products at k rows, jitted ('xla') and in numpy, and the
+  cached forward's 'forward_v'} (module docstring). params: stacked, as loaded."""
+  lay = params["layers"]
+  mats = [np.asarray(lay[name][i]).reshape(-1, lay[name].shape[-1]) if name in ("o", "down")
+          else np.asarray(lay[name][i]).reshape(cfg.embed_dim, -1)
+          for i in range(cfg.num_layers) for name in ("q", "k", "v", "o", "gate", "up", "down")]
+  embed = np.asarray(params["embed"])  # the tied head: logits = x @ embed.T
+  jmats, jembed = [jnp.asarray(m) for m in mats], jnp.asarray(embed)
+
+  @jax.jit
+  def products(xs, ms, head_x, head):  # each product reduced, so none is dropped
+    total = sum(jnp.sum(x @ m) for x, m in zip(xs, ms))
+    return total + jnp.sum(jnp.einsum("kd,vd->kv", head_x, head))
+
+  out = {}
+  for k in widths:
+    xs = [np.ones((k, m.shape[0]), np.float32) for m in mats]
+    hx = np.ones((k, cfg.embed_dim), np.float32)
+    jxs, jhx = [jnp.asarray(x) for x in xs], jnp.asarray(hx)
+    products(jxs, jmats, jhx, jembed)  # compile
+    xla = median(lambda: products(jxs, jmats, jhx, jembed), repeats)
+    ref = median(lambda: [x @ m for x, m in zip(xs, mats)] + [hx @ embed.T], repeats)
+    out[k] = dict(xla_ms=1e3 * xla, numpy_ms=1e3 * ref)
+  up = unstack_layers(params)
+  calls = {k: studies.forward_call(up, cfg, batch=1, tokens=k, context=96) for k in widths}
+  for call in calls.values():  # compile
+    call()
+  seconds, _ = studies.interleaved_seconds(calls, repeats)
+  for k in widths:
+    for name in ("xla_ms", "numpy_ms"):
+      out[k][name.replace("_ms", "_v")] = out[k][name] / out[widths[0]][name]
+    out[k]["forward_v"] = seconds[k] / seconds[widths[0]]
+  return out
+
+
 def median(fn, repeats):
   times = []
   for _ in range(repeats):
@@ -109,6 +154,19 @@ def main(argv):
   n = _TOKENS.value
   weight_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
   figures = dict(weight_mb=weight_bytes / 1e6, tokens=n, jax=jax.__version__)
+  widths = sorted({1, *(int(k) for k in _WIDTHS.value)}) if _WIDTHS.value else []
+  if widths:
+    figures["products"] = product_costs(cfg, params, widths, max(_REPEATS.value, 10))
+    print("rows k | products ms: XLA, numpy | v(k): products XLA, numpy, whole forward")
+    for k, row in figures["products"].items():
+      print(f"{k:6d} | {row['xla_ms']:7.2f} {row['numpy_ms']:7.2f} | {row['xla_v']:.2f} "
+            f"{row['numpy_v']:.2f} {row['forward_v']:.2f}")
+  if _PRODUCTS_ONLY.value:
+    if not widths:
+      raise ValueError("--products_only needs --product_widths, e.g. 1,2,3,4,5,9")
+    if _OUT.value:
+      atomic_write_json(_OUT.value, dict(figures, stamp=machine_stamp()))
+    return
   greedy = SamplingConfig(temperature=0.0)
   for layout, p in (("stacked", params), ("unstacked", unstack_layers(params))):
     def run(steps, p=p):
