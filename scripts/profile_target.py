@@ -11,7 +11,7 @@ Reports, at batch 1 in float32:
   * with --product_widths (e.g. 1,2,3,4,5,9): ms of one forward's weight-matrix
     products alone at k rows (the 7 matrices of each layer and the head, x[k,in] @ W),
     jitted and in numpy, beside the whole cached forward's v(k) = t(k)/t(1) at context
-    96 (`studies.forward_call`): how much of v(k) the CPU's matrix products set.
+    96 (`studies.verify_cost_curve`): how much of v(k) the CPU's matrix products set.
     --products_only skips the rest.
 numpy's BLAS is slowed by OPENBLAS_CORETYPE on these machines (env notes); for a
 fair numpy figure run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
@@ -126,15 +126,12 @@ def product_costs(cfg, params, widths, repeats) -> dict:
     xla = median(lambda: products(jxs, jmats, jhx, jembed), repeats)
     ref = median(lambda: [x @ m for x, m in zip(xs, mats)] + [hx @ embed.T], repeats)
     out[k] = dict(xla_ms=1e3 * xla, numpy_ms=1e3 * ref)
-  up = unstack_layers(params)
-  calls = {k: studies.forward_call(up, cfg, batch=1, tokens=k, context=96) for k in widths}
-  for call in calls.values():  # compile
-    call()
-  seconds, _ = studies.interleaved_seconds(calls, repeats)
+  forward_v = studies.verify_cost_curve(unstack_layers(params), cfg, batch=1, context=96,
+                                        max_tokens=max(widths), repeats=repeats)
   for k in widths:
     for name in ("xla_ms", "numpy_ms"):
       out[k][name.replace("_ms", "_v")] = out[k][name] / out[widths[0]][name]
-    out[k]["forward_v"] = seconds[k] / seconds[widths[0]]
+    out[k]["forward_v"] = forward_v[k]
   return out
 
 

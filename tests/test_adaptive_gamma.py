@@ -55,7 +55,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def feature_pair(pair):
-  """law_feature_pair with room for gamma='auto''s feature lag: the prompt (3), 4 new
+  """law_feature_pair with room for the feature lag of gamma='auto': the prompt (3), 4 new
   tokens, γ_max (3) and `spec.FEATURE_LAG` (8) need 18 positions, over its 16."""
   target, tp, draft, dp = law_feature_pair(pair)
   return target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32), dp
