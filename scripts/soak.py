@@ -6,7 +6,7 @@ r"""Soak: long generation must compile once and hold its memory flat.
 Calls `speculative_generate` again and again on prompts of one shape (windows of the
 held-out corpus for a real tokenizer; random bytes for the tiny pair) until --steps
 speculative steps or --tokens generated tokens, and records after every call the
-number of compiled decode loops (`decode_loop_jit`'s cache) and the resident memory
+number of compiled decode loops (`run_steps_jit`'s cache) and the resident memory
 (VmRSS). Prints, and writes with --out, the compile count after warm-up and at the
 end and the largest drift of resident memory from its value after the first call.
 """
@@ -81,7 +81,7 @@ def main(argv):
     tokens += int(out.lengths.sum())
     call += 1
     record.append(dict(call=call, steps=steps, tokens=tokens, rss=resident_bytes(),
-                       compiled=spec.decode_loop_jit._cache_size()))
+                       compiled=spec.run_steps_jit._cache_size()))
   rss = np.array([r["rss"] for r in record])
   drift = float(np.max(np.abs(rss - rss[0])) / rss[0])
   summary = dict(calls=call, steps=steps, tokens=tokens, seconds=time.perf_counter() - clock,

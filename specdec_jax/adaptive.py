@@ -6,8 +6,8 @@ A cost table (`CostTable`; measured and cached per machine by `machine_costs`) g
 the cost s(γ) of one speculative step in which a row proposes γ drafts, in plain
 (autoregressive) steps of the same batch, context and sampling:
   measured  s(γ) = t(a whole compiled step of call width γ+1) / t(a plain step), timed in
-            the decode loop's own step functions (`machine_costs.measure_steps`): the
-            draft, its sampling, the verifier, the lookup and the bookkeeping included;
+            the compiled decode loop itself (`machine_costs.measure_steps`): the draft,
+            its sampling, the verifier, the lookup and the bookkeeping included;
   modelled  s(γ) = max(γ, 1) c + v(γ+1) from c = draft call / target call (one token)
             and v(k) = target call over k tokens / over 1 (`machine_costs.measure`).
 The model leaves out everything but the two models' forward calls; on a 2-core CPU

@@ -1,21 +1,25 @@
 """This machine's cost table for gamma='auto': measured once, cached per machine and models.
 
-Letters: B batch, G = γ_max, R steps per timed loop.
+Letters: B batch, G = γ_max.
 
 A `adaptive.CostTable` holds c (draft step / target step, one token each) and v(k) =
 t(k tokens) / t(1 token) of the target for k = 1..G+1, timed with `studies.call_seconds`
 at batch B and a fixed context (`measure`), and, from `measure_steps`, the step costs
-s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as R steps of the
-decode loop's own step function in one compiled `fori_loop` that rewinds the state to the
-same context before each step (so no step pays a copy of the caches), the median of
-`repeats` rounds, the widths and the plain step interleaved in each round (timed again
-where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of the plain step
-gives). With a feature draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0)
-is the mean over a row's probe cycle: FEATURE_LAG - 1 steps that skip the draft and one
-that runs it. With a hybrid draft the same compiled loops also time s_lookup(γ), steps
-in which every row takes the lookup (a context that repeats itself, so every row's lookup
-matches). Timing takes two to four minutes on 2 cores (half of it compiling one loop per
-width), so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts
+s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as one step of the
+compiled decode loop itself (`speculative.run_steps_jit`, the program a run decodes
+with), called on a prefilled state one step before its end, with step costs that make
+every row propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each
+is the median of `repeats` rounds, the widths and the plain step interleaved in each
+round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of
+the plain step gives). With a feature draft (which skips plain steps,
+`speculative.FEATURE_LAG`), s(0) is the mean over a row's probe cycle: FEATURE_LAG - 1
+steps that skip the draft and one that runs it. With a hybrid draft the same compiled
+loop also times s_lookup(γ), steps in which every row takes the lookup (a context that
+repeats itself, so every row's lookup matches). Given the shapes of the run about to
+decode (`gamma_arguments`), the table compiles only v(k) and c's forward calls; the
+decode loops it times are the run's own, compiled once for both. Measuring takes about
+a minute and a half for SmolLM2 on 2 cores beside the run's own compiles, and
+so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts
 use runs/costs/, ignored by git) under a key of everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
@@ -33,6 +37,8 @@ import json
 import os
 import pathlib
 from typing import Callable
+
+import numpy as np
 
 from specdec_jax import studies
 from specdec_jax.adaptive import CostTable
@@ -55,9 +61,9 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
              devices=machine.devices(), models=models, batch=int(batch), context=int(context))
   if sampling is not None:
-    # steps: the step-cost harness's version (5: implausible s(0) re-timed), so older tables
-    # re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=5)
+    # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
+    # in a run's own compiled loop), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=6)
   return key
 
 
@@ -78,94 +84,98 @@ def measure(target_params, target_config, draft_params, draft_config, *, gamma_m
   return CostTable(c=float(c), verify_costs=tuple(float(v[k]) for k in sorted(v)))
 
 
-STEP_REPEATS = 7
-STEPS_PER_LOOP = 6
+STEP_REPEATS = 9
+# The generation length the steps are timed under when a caller gives none (it sizes the
+# token buffer and caches of the timed loop, as in a run of that many new tokens).
+MEASURE_NEW_TOKENS = 64
 PLAUSIBLE_PLAIN_COST = 0.95
 TIMING_ATTEMPTS = 3
 
 
+def forcing_costs(gamma: int, gamma_max: int) -> np.ndarray:
+  """float32 [2,G+1]: step costs under which every row of either source chooses γ = gamma
+  (s(gamma) = 1, every other s = 1e3; E(α, γ) <= G+1 < 1e3)."""
+  costs = np.full((2, gamma_max + 1), 1e3, np.float32)
+  costs[:, gamma] = 1.0
+  return costs
+
+
 def measure_steps(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
                   batch: int, sampling, verifier: str = "block", context: int = MEASURE_CONTEXT,
-                  repeats: int = STEP_REPEATS, steps: int = STEPS_PER_LOOP) -> CostTable:
+                  step_context: int | None = None, max_new_tokens: int = MEASURE_NEW_TOKENS,
+                  eos_id: int | None = None, repeats: int = STEP_REPEATS) -> CostTable:
   """The modelled table (`measure`) plus the measured step costs s(0..gamma_max) (and
-  s_lookup(0..gamma_max) for a hybrid draft)."""
+  s_lookup(0..gamma_max) for a hybrid draft).
+
+  v(k) and c are timed at `context` cached tokens. Each step is timed in the compiled
+  loop of a run (`speculative.run_steps_jit`) with prompts of step_context tokens
+  (default: context), max_new_tokens and eos_id: given a run's own values
+  (`gamma_arguments`), the run then reuses the programs timed here, and the table
+  compiles nothing of its own but v(k) and c. A timed call runs one step from a state
+  prefilled with step_context tokens (its step index one below max_new_tokens), with
+  costs (`forcing_costs`) under which every row takes the width timed; the plain step
+  is the autoregressive loop's, timed the same way.
+  """
   import jax
-  import numpy as np
 
   from specdec_jax import speculative
-  from specdec_jax.drafting import with_length
 
   table = measure(target_params, target_config, draft_params, draft_config,
                   gamma_max=gamma_max, batch=batch, context=context)
   vocab = speculative.resolve_vocab(target_config, draft_config, None)
-  tokens = (np.arange(batch * context, dtype=np.int32).reshape(batch, context) * 7919) % vocab
-  prompt_len = np.full((batch,), context, np.int32)
-  row_keys = speculative._row_keys(0, np.arange(batch))
-  common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab,
-                eos_id=None, max_new_tokens=steps * (gamma_max + 1))
-  # γ_b >= 2 on every row: no drafting width is timed on the hybrid's shallow path unless
-  # every row's lookup matches (the lookup timing)
-  costs = table.loop_costs(gamma_max)
-  costs[:, :2] = 1e3
+  context = context if step_context is None else step_context
+  distinct = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919) % vocab
+  # a context that repeats itself with this period: every row's lookup matches
+  period = max(1, min(16, context // 2))
+  periodic = np.tile(distinct[:, :period], (1, -(-context // period)))[:, :context]
+  common = dict(target_config=target_config, max_new_tokens=max_new_tokens, sampling=sampling,
+                seed=0, row_ids=None, eos_id=eos_id, pad_id=0, vocab_size=None)
 
-  def rewound(state, start):
-    """state with the progress of `start` (the buffers, caches included, kept)."""
-    draft_cache = state.draft_cache
-    if draft_cache is not None:
-      draft_cache = with_length(draft_cache, start.draft_cache["length"])
-    return state.replace(num_tokens=start.num_tokens, done=start.done, step=start.step,
-                         alpha_estimate=start.alpha_estimate, plain_run=start.plain_run,
-                         features=start.features,
-                         target_cache=with_length(state.target_cache,
-                                                  start.target_cache["length"]),
-                         draft_cache=draft_cache)
+  def last_step(params, args):
+    """The prefilled state of args, one step before max_new_tokens."""
+    state = speculative.prefill(target_params, params, args)
+    return state.replace(step=jax.numpy.asarray(max_new_tokens - 1, jax.numpy.int32))
 
-  def timed_loop(step, start, *more):
-    # params are arguments, as in the decode loop (closed over, XLA folds them as constants).
-    # The loop returns the whole state: returning the tokens alone let XLA drop a plain
-    # step's draft call (its q_1 feeds only α̂ and the draft cache, not the tokens), and
-    # such a probe step then timed as a skipped one (0.98 plain steps, not 1.17).
-    loop = jax.jit(lambda tp, dp, s: jax.lax.fori_loop(
-        0, steps, lambda i, x: step(tp, dp, rewound(x, s)), s))
-    return [lambda s=s: jax.block_until_ready(loop(target_params, draft_params, s))
-            for s in (start, *more)]
+  def timed(params, args, state, costs=None):
+    costs = None if costs is None else jax.numpy.asarray(costs)
+    return lambda: jax.block_until_ready(speculative.run_steps_of(
+        target_params, params, state, args, costs=costs))
 
-  fns = {}
-  plain = speculative.init_state_jit(target_params, None, tokens, prompt_len, row_keys,
-                                     target_config=target_config, draft_config=None, gamma=0,
-                                     max_new_tokens=common["max_new_tokens"])
-  fns["plain"], = timed_loop(lambda tp, dp, x: speculative.autoregressive_step_fn(
-      tp, x, **common), plain)
-  starts = [tokens]
-  hybrid = getattr(draft_config, "kind", None) == "hybrid"
-  if hybrid:  # a context of period 16: every row's lookup matches
-    starts.append(np.tile(tokens[:, :16], (1, -(-context // 16)))[:, :context])
-  starts = [speculative.init_state_jit(
-      target_params, draft_params, t, prompt_len, row_keys, target_config=target_config,
-      draft_config=draft_config, gamma=gamma_max, max_new_tokens=common["max_new_tokens"],
-      adaptive_gamma=True) for t in starts]
-  verify_fn = speculative.resolve_verifier(verifier)
-  for width in range(1, gamma_max + 2):
-    timed = timed_loop(lambda tp, dp, x, width=width: speculative.speculative_step_fn(
-        tp, dp, x, draft_config=draft_config, gamma=gamma_max,
-        verifier=verify_fn, costs=costs, width=width, **common), *starts)
-    fns[width] = timed[0]
-    if hybrid and width > 1:
-      fns[("lookup", width)] = timed[1]
+  plain_args = speculative.prepare_generate(
+      distinct.astype(np.int32), draft_config=None, gamma=0, verifier=None, **common)
+  fns = {"plain": timed(None, plain_args, last_step(None, plain_args))}
+  kind = getattr(draft_config, "kind", None)
+  starts = {}
+  for name, tokens in (("draft", distinct), ("lookup", periodic)):
+    if (name == "draft" and kind == "ngram") or (name == "lookup" and kind not in (
+        "ngram", "hybrid")):
+      continue  # an n-gram draft proposes only where its lookup matches
+    args = speculative.prepare_generate(
+        tokens.astype(np.int32), draft_config=draft_config, gamma="auto", gamma_max=gamma_max,
+        costs=table, verifier=verifier, **common)
+    starts[name] = (args, last_step(draft_params, args))
   lag = speculative.feature_lag(draft_config, True)
-  if lag:  # the plain step that skips the feature draft
-    fns["skip"], = timed_loop(lambda tp, dp, x: speculative.speculative_step_fn(
-        tp, dp, x, draft_config=draft_config, gamma=gamma_max, verifier=verify_fn,
-        costs=costs, width=1, skip_draft=True, **common), starts[0])
-  for fn in fns.values():  # compile
+  forced = {}  # fns name -> γ every row must have taken
+  for width in range(1, gamma_max + 2):
+    costs = forcing_costs(width - 1, gamma_max)
+    for name, (args, state) in starts.items():
+      if width == 1 and name == "lookup" and "draft" in starts:
+        continue  # s_lookup(0) = s(0): nothing proposed
+      key = width if (name == "draft" or kind == "ngram") else ("lookup", width)
+      if width == 1 and lag:  # the γ = 0 step that runs the draft: a probe
+        state = state.replace(plain_run=jax.numpy.full_like(state.plain_run, lag - 1))
+      fns[key], forced[key] = timed(draft_params, args, state, costs), width - 1
+  if lag:  # the plain step that skips the feature draft (no probe due)
+    args, state = starts["draft"]
+    fns["skip"], forced["skip"] = timed(draft_params, args, state, forcing_costs(0, gamma_max)), 0
+  for fn in fns.values():  # compile (nothing new where a run compiled these loops already)
     fn()
 
   def step_costs_of(seconds):
     step_costs = [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
     if lag:  # a γ = 0 row probes (runs the draft) on one plain step in FEATURE_LAG
       skip = seconds["skip"] / seconds["plain"]
-      probes = speculative.FEATURE_LAG
-      step_costs[0] = ((probes - 1) * skip + step_costs[0]) / probes
+      step_costs[0] = ((lag - 1) * skip + step_costs[0]) / lag
     return step_costs
 
   # A plain step of the speculative loop does an autoregressive step's work and more, so
@@ -175,14 +185,19 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   # TIMING_ATTEMPTS times in all, and the attempt with the largest s(0) is kept.
   attempts = []
   for _ in range(TIMING_ATTEMPTS):
-    seconds, _ = studies.interleaved_seconds(fns, repeats)
+    seconds, results = studies.interleaved_seconds(fns, repeats)
     attempts.append(seconds)
     if step_costs_of(seconds)[0] >= PLAUSIBLE_PLAIN_COST:
       break
+  for key, gamma in forced.items():  # the harness timed the width it meant to
+    took = np.asarray(results[key].gammas)[:, max_new_tokens - 1]
+    if not (took == gamma).all():
+      raise RuntimeError(f"step-cost timing {key!r} meant every row to propose {gamma} "
+                         f"tokens, but they proposed {took.tolist()}")
   seconds = max(attempts, key=lambda x: step_costs_of(x)[0])
   step_costs = step_costs_of(seconds)
   lookup_costs = None
-  if hybrid:
+  if kind == "hybrid":
     lookup_costs = tuple(step_costs[:1] + [float(seconds[("lookup", k)] / seconds["plain"])
                                            for k in range(2, gamma_max + 2)])
   return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=tuple(step_costs),
@@ -216,19 +231,24 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
 
 
 def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int | None = None,
-              log: Callable[[str], None] = print) -> CostTable:
+              run: dict | None = None, log: Callable[[str], None] = print) -> CostTable:
   """The cost table of a `loading.Pair` on this machine at `batch` rows (default: its
-  prompts), with step costs at its sampling rules and verifier (`measure_steps`), cached."""
+  prompts), with step costs at its sampling rules and verifier (`measure_steps`), cached.
+  run: dict(step_context=, max_new_tokens=, eos_id=) of the run about to decode at
+  `batch` rows: where the table is measured, its steps are timed in that run's own
+  compiled loop (shared with the run). The key leaves these out: a table measured for
+  one run serves every later one."""
   batch = len(pair.prompts) if batch is None else batch
   key = cost_key(pair.target_config, pair.draft_config, batch=batch, sampling=pair.sampling,
                  verifier=pair.verifier)
   path = cache_path(directory, key)
   if not path.exists():
-    log(f"measuring this machine's step costs once (a few minutes; cached in {path.name} "
+    log(f"measuring this machine's step costs once (a minute or two; cached in {path.name} "
         f"under {os.path.basename(os.fspath(directory))}/) ...")
   table, _ = load_or_measure(directory, key, gamma_max, lambda: measure_steps(
       pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-      gamma_max=gamma_max, batch=batch, sampling=pair.sampling, verifier=pair.verifier))
+      gamma_max=gamma_max, batch=batch, sampling=pair.sampling, verifier=pair.verifier,
+      **(run or {})))
   return table
 
 
@@ -267,7 +287,9 @@ def gamma_arguments(config, pair, *, directory: str | os.PathLike,
   if gamma != "auto":
     return dict(gamma=gamma)
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
-  table = table_for(pair, gamma_max=gamma_max, directory=directory, log=log)
+  run = dict(step_context=max(len(p) for p in pair.prompts),
+             max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
+  table = table_for(pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
   if not table.drafting_pays(gamma_max):
     log(f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "

@@ -1,4 +1,4 @@
-"""Speculative and autoregressive decoding, each one jitted `lax.while_loop`.
+"""Speculative and autoregressive decoding, each a prefill and one jitted `lax.while_loop`.
 
 Letters: B batch, G = γ drafted tokens per step, V vocabulary, P longest prompt,
 M max_new_tokens, S cache slots, W token-buffer width.
@@ -54,7 +54,7 @@ gives q_1 for the estimate), the target sees [t, x_1..x_{k-1}], and xs, qs, ps a
 padded to G (zero q rows) so the verifier, called with num_proposed=γ_b, draws the same
 uniforms and emits the same tokens for a row whatever width its batch took. At k=1
 nothing is proposed and y ~ p_1 is drawn with the row's resampling key (the argmax at
-T=0), on one position. `decode_loop` runs one inner `while_loop` per width inside the
+T=0), on one position. `run_steps` runs one inner `while_loop` per width inside the
 loop of steps, each taking the steps whose width is its own (one compiled loop; no
 conditional, whose branches would receive copies of both caches); the single jitted
 `speculative_step` picks the width with a `lax.switch`. A feature draft's re-read keeps
@@ -447,20 +447,40 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
                 max_new_tokens: int, verifier: Verifier = block_verify,
                 axis_name: str | None = None, mesh=None, costs=None,
                 tree=None, tree_rule: str = "sampled") -> DecodeState:
-  """Prefill + one `lax.while_loop` of steps. draft_config None means autoregressive.
-
-  axis_name: the pmap axis (`parallel.pmap_generate`); mesh: the device mesh of sharded
-  inputs (`parallel.mesh_generate`). Neither changes a token. costs: float32 [G+1]
-  (`adaptive.CostTable.loop_costs`, a traced input: any table, one compiled loop) for
-  gamma='auto' with γ_max = gamma; None for a fixed γ.
-  tree: a `TreeShape` (static): every step is `tree_decode.tree_step_fn` with rule
-  tree_rule ('sampled' | 'topk'), one width N+1; gamma must be >= N (state widths).
+  """Prefill (`init_state`) + `run_steps`, in one function (pmap and the mesh path jit
+  it whole; `speculative_generate` compiles the two parts as programs of their own).
+  draft_config None means autoregressive; the rest as `run_steps`; mesh: the device mesh
+  of sharded inputs (`parallel.mesh_generate`), which pins the fresh caches.
   """
   state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
                      target_config=target_config, draft_config=draft_config,
                      gamma=gamma if draft_config is not None else 0,
                      max_new_tokens=max_new_tokens, mesh=mesh,
                      adaptive_gamma=costs is not None)
+  return run_steps(target_params, draft_params, state, target_config=target_config,
+                   draft_config=draft_config, gamma=gamma, sampling=sampling,
+                   vocab_size=vocab_size, eos_id=eos_id, max_new_tokens=max_new_tokens,
+                   verifier=verifier, axis_name=axis_name, costs=costs, tree=tree,
+                   tree_rule=tree_rule)
+
+
+def run_steps(target_params, draft_params, state: DecodeState, *,
+              target_config: ModelConfig, draft_config: DraftConfig | None, gamma: int,
+              sampling: SamplingConfig, vocab_size: int, eos_id: int | None,
+              max_new_tokens: int, verifier: Verifier = block_verify,
+              axis_name: str | None = None, costs=None, tree=None,
+              tree_rule: str = "sampled") -> DecodeState:
+  """One `lax.while_loop` of steps from `state` until every row is done or state.step
+  reaches max_new_tokens. draft_config None means autoregressive.
+
+  axis_name: the pmap axis (`parallel.pmap_generate`); it changes no token. costs: float32
+  [2,G+1] (`adaptive.CostTable.loop_costs`, a traced input: any table, one compiled loop)
+  for gamma='auto' with γ_max = gamma; None for a fixed γ.
+  tree: a `TreeShape` (static): every step is `tree_decode.tree_step_fn` with rule
+  tree_rule ('sampled' | 'topk'), one width N+1; gamma must be >= N (state widths).
+  The cost table times its steps in this same compiled loop, from states it builds
+  (`machine_costs.measure_steps`).
+  """
   common = dict(target_config=target_config, sampling=sampling, vocab_size=vocab_size,
                 eos_id=eos_id, max_new_tokens=max_new_tokens)
   if draft_config is None:
@@ -518,6 +538,27 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, *,
 _LOOP_STATICS = ("target_config", "draft_config", "gamma", "sampling", "vocab_size", "eos_id",
                  "max_new_tokens", "verifier", "axis_name", "mesh", "tree", "tree_rule")
 decode_loop_jit = jax.jit(decode_loop, static_argnames=_LOOP_STATICS)
+run_steps_jit = jax.jit(run_steps, static_argnames=tuple(
+    name for name in _LOOP_STATICS if name != "mesh"))
+
+
+def prefill(target_params, draft_params, args: GenerateArgs) -> DecodeState:
+  """The starting state of `prepare_generate`'s args (`init_state_jit`), compiled under
+  the same statics wherever it is called (the generate functions, the cost table)."""
+  s = args.statics
+  return init_state_jit(target_params, draft_params, args.tokens, args.prompt_len,
+                        args.row_keys, target_config=s["target_config"],
+                        draft_config=s["draft_config"], gamma=s["gamma"],
+                        max_new_tokens=s["max_new_tokens"],
+                        adaptive_gamma=args.costs is not None)
+
+
+def run_steps_of(target_params, draft_params, state: DecodeState, args: GenerateArgs,
+                 costs=None) -> DecodeState:
+  """`run_steps_jit` from `state` under args' statics; costs: float32 [2,G+1] in place of
+  args.costs (the cost table forces one width with it)."""
+  return run_steps_jit(target_params, draft_params, state,
+                       costs=args.costs if costs is None else costs, **args.statics)
 
 
 def speculative_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
@@ -553,8 +594,8 @@ def speculative_generate(target_params, draft_params, prompts, *, target_config:
                           vocab_size=vocab_size, verifier=verifier, gamma_max=gamma_max,
                           costs=costs, prompt_width=prompt_width, tree=tree,
                           tree_rule=tree_rule)
-  state = decode_loop_jit(target_params, draft_params, args.tokens, args.prompt_len,
-                          args.row_keys, costs=args.costs, **args.statics)
+  state = run_steps_of(target_params, draft_params, prefill(target_params, draft_params, args),
+                       args)
   return _finish(state, max_new_tokens, pad_id)
 
 
@@ -569,6 +610,5 @@ def autoregressive_generate(target_params, prompts, *, target_config: ModelConfi
                           max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
                           row_ids=row_ids, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size,
                           verifier=None, prompt_width=prompt_width)
-  state = decode_loop_jit(target_params, None, args.tokens, args.prompt_len, args.row_keys,
-                          **args.statics)
+  state = run_steps_of(target_params, None, prefill(target_params, None, args), args)
   return _finish(state, max_new_tokens, pad_id)

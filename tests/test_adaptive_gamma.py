@@ -287,10 +287,10 @@ def test_auto_gamma_compiles_one_loop(greedy_pairs):
   kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
             max_new_tokens=12, sampling=GREEDY, verifier="block")
   speculative_generate(tp, dp, PROMPTS, costs=SWITCHING, **kw)  # compiled here or before
-  before = spec.decode_loop_jit._cache_size()
+  before = spec.run_steps_jit._cache_size()
   for seed, table in enumerate((NOTHING_PAYS, CostTable(0.1, (1, 1.1, 1.2, 1.3)), SWITCHING)):
     out = speculative_generate(tp, dp, PROMPTS, costs=table, seed=seed, **kw)
-  assert spec.decode_loop_jit._cache_size() == before
+  assert spec.run_steps_jit._cache_size() == before
   assert len(np.unique(out.gammas[out.gammas >= 0])) > 1
 
   args = spec.prepare_generate(PROMPTS, seed=0, row_ids=None, eos_id=None, pad_id=0,
@@ -386,7 +386,8 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
 
   monkeypatch.setattr(machine_costs.studies, "interleaved_seconds", interleaved)
   table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
-                                      sampling=GREEDY, context=8, repeats=2, steps=2)
+                                      sampling=GREEDY, context=8, max_new_tokens=4,
+                                      repeats=2)
   assert 2 <= len(timed) <= machine_costs.TIMING_ATTEMPTS
   kept = [x[2] / x["plain"] for x in timed[1:]]  # not the disturbed attempt
   assert table.step_costs[1] in kept
@@ -402,15 +403,41 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   assert measured and not measured_again and again == table
 
 
-def test_measure_steps_times_lookup_steps_of_a_hybrid(greedy_pairs):
+@pytest.mark.parametrize("kind", ["hybrid", "ngram"])
+def test_measure_steps_times_lookup_steps(greedy_pairs, kind):
   """A hybrid's table also holds s_lookup(0..G), its steps where every row's lookup
-  matches, timed in the same compiled loops (no values checked, as above)."""
-  target, tp, draft, dp = greedy_pairs["hybrid"]
+  matches, timed in the same compiled loop; an n-gram draft's steps are all lookup steps
+  (it proposes nothing elsewhere). No values checked, as above; the harness itself
+  raises if a row took another γ than the one it timed."""
+  target, tp, draft, dp = greedy_pairs[kind]
   table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
-                                      sampling=GREEDY, context=8, repeats=2, steps=2)
+                                      sampling=GREEDY, context=8, max_new_tokens=4,
+                                      repeats=2)
+  assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
+  if kind == "ngram":
+    assert table.lookup_step_costs is None
+    return
   assert len(table.lookup_step_costs) == 3 and all(np.isfinite(table.lookup_step_costs))
   assert table.lookup_step_costs[0] == table.step_costs[0]
   assert table.loop_costs(2).shape == (2, 3)
+
+
+def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs):
+  """Given a run's prompt width, max_new_tokens and eos_id, the table times the programs
+  that run then decodes with: generating afterwards compiles no prefill and no loop."""
+  target, tp, draft, dp = greedy_pairs["feature"]
+  table = machine_costs.measure_steps(
+      tp, target, dp, draft, gamma_max=GAMMA_MAX, batch=len(PROMPTS), sampling=GREEDY,
+      context=8, step_context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
+      repeats=1)
+  loops, prefills = spec.run_steps_jit._cache_size(), spec.init_state_jit._cache_size()
+  speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
+                       gamma="auto", gamma_max=GAMMA_MAX, costs=table, max_new_tokens=12,
+                       sampling=GREEDY, verifier="block")
+  autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
+                          sampling=GREEDY)
+  assert spec.run_steps_jit._cache_size() == loops
+  assert spec.init_state_jit._cache_size() == prefills
 
 
 def test_update_alpha_is_an_ema_over_observed_positions():

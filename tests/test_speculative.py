@@ -197,10 +197,10 @@ def test_step_and_loop_compile_once(tiny_pair):
   assert spec.speculative_step._cache_size() == before + 1
   assert int(state.step) == 4 and (np.asarray(state.num_tokens) > args.prompt_len).all()
 
-  loop_before = spec.decode_loop_jit._cache_size()
+  loop_before = spec.run_steps_jit._cache_size()
   for seed in range(3):
     generate(tiny_pair, gamma=2, max_new_tokens=12, sampling=SamplingConfig(0.8), seed=seed)
-  assert spec.decode_loop_jit._cache_size() == loop_before + 1
+  assert spec.run_steps_jit._cache_size() == loop_before + 1
 
 
 def test_manual_steps_equal_the_loop(tiny_pair):
