@@ -211,9 +211,11 @@ def main(argv):
     meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
                 verify_cost={str(k): x for k, x in v.items()})
     meta["prompt_set"] = prompt_set
-    if auto:  # the table gamma 'auto' chose from (runs/costs/), beside this run's own c, v
-      meta["auto_cost_table"] = dict(gamma_max=auto["gamma_max"], c=auto["costs"].c,
-                                     verify_costs=list(auto["costs"].verify_costs))
+    if auto:  # the step costs gamma 'auto' chose from (runs/costs/)
+      table = auto["costs"]
+      meta["auto_cost_table"] = dict(
+          gamma_max=auto["gamma_max"], step_costs=list(table.step_costs or []),
+          lookup_step_costs=list(table.lookup_step_costs or []))
     atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
                       default=str)
 

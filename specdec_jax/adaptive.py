@@ -62,24 +62,34 @@ PAYS_AT_ALPHA = 0.9
 
 @dataclasses.dataclass(frozen=True)
 class CostTable:
-  """c and v(1..K) of one (machine, target, draft); v[0] = v(1) = 1. step_costs, when
-  measured: s(0..G') of whole steps in plain steps (module docstring); it then decides.
-  lookup_step_costs (a hybrid draft): s_lookup(0..G') of steps in which every proposing
-  row takes the lookup's proposals; None: the same as step_costs."""
+  """The costs of one (machine, target, draft): step_costs, when measured, s(0..G) of
+  whole steps in plain steps (module docstring), which then decide; otherwise the model's
+  c and v(1..G+1), v[0] = v(1) = 1 (a table may hold both; `machine_costs` measures the
+  step costs alone). lookup_step_costs (a hybrid draft): s_lookup(0..G) of steps in
+  which every proposing row takes the lookup's proposals; None: the same as step_costs."""
 
-  c: float
-  verify_costs: tuple[float, ...]
+  c: float | None
+  verify_costs: tuple[float, ...] | None
   step_costs: tuple[float, ...] | None = None
   lookup_step_costs: tuple[float, ...] | None = None
 
   def __post_init__(self):
-    if not (isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0):
-      raise ValueError(f"cost table c must be a finite number >= 0, got {self.c!r}")
-    v = tuple(self.verify_costs)
-    if not v or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v):
-      raise ValueError(f"cost table verify_costs must be finite numbers > 0, got {v!r}")
-    if abs(v[0] - 1.0) > 1e-6:
-      raise ValueError(f"cost table verify_costs[0] is v(1) and must be 1, got {v[0]!r}")
+    if (self.c is None) != (self.verify_costs is None):
+      raise ValueError(f"cost table c and verify_costs go together (the modelled step "
+                       f"costs), got c={self.c!r}, verify_costs={self.verify_costs!r}")
+    if self.verify_costs is None and self.step_costs is None:
+      raise ValueError("cost table needs step_costs or c and verify_costs, got none")
+    widths = None
+    if self.verify_costs is not None:
+      if not (isinstance(self.c, (int, float)) and math.isfinite(self.c) and self.c >= 0):
+        raise ValueError(f"cost table c must be a finite number >= 0, got {self.c!r}")
+      v = tuple(self.verify_costs)
+      if not v or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+                          for x in v):
+        raise ValueError(f"cost table verify_costs must be finite numbers > 0, got {v!r}")
+      if abs(v[0] - 1.0) > 1e-6:
+        raise ValueError(f"cost table verify_costs[0] is v(1) and must be 1, got {v[0]!r}")
+      widths = ("verify_costs", len(v))
     if self.lookup_step_costs is not None and self.step_costs is None:
       raise ValueError("cost table lookup_step_costs needs step_costs (both are measured)")
     for name in ("step_costs", "lookup_step_costs"):
@@ -90,14 +100,16 @@ class CostTable:
       if not s or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0
                           for x in s):
         raise ValueError(f"cost table {name} must be finite numbers > 0, got {s!r}")
-      if len(s) != len(v):
+      if widths is None:
+        widths = (name, len(s))
+      elif len(s) != widths[1]:
         raise ValueError(f"cost table {name} has {len(s)} entries (s(0..)); it needs one "
-                         f"per call width, {len(v)} like verify_costs")
+                         f"per call width, {widths[1]} like {widths[0]}")
 
   @property
   def max_gamma(self) -> int:
-    """The largest γ the table covers (v(γ+1) known)."""
-    return len(self.verify_costs) - 1
+    """The largest γ the table covers (s(γ), or v(γ+1), known)."""
+    return len(self.verify_costs if self.step_costs is None else self.step_costs) - 1
 
   def as_array(self, gamma_max: int) -> np.ndarray:
     """float32 [G+1]: s(0..G), the step costs the decode loop takes (measured, or

@@ -2,29 +2,32 @@
 
 Letters: B batch, G = γ_max.
 
-A `adaptive.CostTable` holds c (draft step / target step, one token each) and v(k) =
-t(k tokens) / t(1 token) of the target for k = 1..G+1, timed with `studies.call_seconds`
-at batch B and a fixed context (`measure`), and, from `measure_steps`, the step costs
-s(γ) = t(speculative step of width γ+1) / t(plain step), each timed as one step of the
-compiled decode loop itself (`speculative.run_steps_jit`, the program a run decodes
-with), called on a prefilled state one step before its end, with step costs that make
-every row propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each
-is the median of `repeats` rounds, the widths and the plain step interleaved in each
-round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of
-the plain step gives). With a feature draft (which skips plain steps,
-`speculative.FEATURE_LAG`), s(0) is the mean over a row's probe cycle: FEATURE_LAG - 1
-steps that skip the draft and one that runs it. With a hybrid draft the same compiled
-loop also times s_lookup(γ), steps in which every row takes the lookup (a context that
-repeats itself, so every row's lookup matches). Given the shapes of the run about to
-decode (`gamma_arguments`), the table compiles only v(k) and c's forward calls; the
-decode loops it times are the run's own, compiled once for both. Measuring takes about
-a minute and a half for SmolLM2 on 2 cores beside the run's own compiles, and
-so `load_or_measure` keeps the table in `<directory>/<key hash>.json` (scripts
-use runs/costs/, ignored by git) under a key of everything that changes it:
+`measure_steps` times the step costs of a `adaptive.CostTable`: s(γ) = t(speculative
+step of width γ+1) / t(plain step), each timed as one step of the compiled decode loop
+itself (`speculative.run_steps_jit`, the program a run decodes with), called on a
+prefilled state one step before its end, with step costs that make every row propose γ
+(`forcing_costs`); the plain step is the autoregressive loop's. Each is the median of
+`repeats` rounds, the widths and the plain step interleaved in each round (timed again
+where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of the plain step
+gives). With a feature draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0)
+is the mean over a row's probe cycle: FEATURE_LAG - 1 steps that skip the draft and one
+that runs it. With a hybrid draft the same compiled loop also times s_lookup(γ), steps in
+which every row takes the lookup (a context that repeats itself, so every row's lookup
+matches). Given the shapes of the run about to decode (`gamma_arguments`), the table
+compiles nothing of its own: the loops it times are the run's, compiled once for both,
+and timing them takes about ten seconds for SmolLM2 on 2 cores. `measure` times the
+model's c (draft step / target step, one token each) and v(k) = t(k tokens) / t(1 token)
+of the target for k = 1..G+1 at batch B and a fixed context (`studies.call_seconds`;
+what the benchmark reports beside its results). `load_or_measure` keeps a table in
+`<directory>/<key hash>.json` (scripts use runs/costs/, ignored by git) under a key of
+everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
   models      sha256 of the target and draft configs (reprs)
-  batch, context
-  sampling, verifier   for step costs (a step samples and verifies at the run's settings)
+  batch
+  sampling, verifier   for step costs (a step samples and verifies at the run's settings);
+                       context for the modelled c and v(k)
+Step costs are timed at the first run's prompt width and generation length and serve
+every later run of the same key (the cost of a step changes little with the context).
 A stored table whose key differs, or that covers fewer than G+1 widths, is measured
 again and replaced (written with `io.atomic`). The tables are timings of the machine
 they were taken on: never commit them.
@@ -52,17 +55,19 @@ MEASURE_REPEATS = 10
 
 def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT,
              sampling=None, verifier: str | None = None) -> dict:
-  """The identity of a cost table: this machine, the two models, batch and context, and
-  for step costs the sampling rules and verifier."""
+  """The identity of a cost table: this machine, the two models and batch; for step costs
+  (`measure_steps`) the sampling rules and verifier, else (`measure`) the context."""
   import jax
 
   model, isa = machine.cpu_info()
   models = hashlib.sha256(f"{target_config!r}|{draft_config!r}".encode()).hexdigest()
   key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
-             devices=machine.devices(), models=models, batch=int(batch), context=int(context))
-  if sampling is not None:
+             devices=machine.devices(), models=models, batch=int(batch))
+  if sampling is None:
+    key.update(context=int(context))
+  else:
     # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
-    # in a run's own compiled loop), so older tables re-measure
+    # in a run's own compiled loop, v(k) and c no longer timed), so older tables re-measure
     key.update(sampling=repr(sampling), verifier=str(verifier), steps=6)
   return key
 
@@ -102,28 +107,25 @@ def forcing_costs(gamma: int, gamma_max: int) -> np.ndarray:
 
 def measure_steps(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
                   batch: int, sampling, verifier: str = "block", context: int = MEASURE_CONTEXT,
-                  step_context: int | None = None, max_new_tokens: int = MEASURE_NEW_TOKENS,
-                  eos_id: int | None = None, repeats: int = STEP_REPEATS) -> CostTable:
-  """The modelled table (`measure`) plus the measured step costs s(0..gamma_max) (and
-  s_lookup(0..gamma_max) for a hybrid draft).
+                  max_new_tokens: int = MEASURE_NEW_TOKENS, eos_id: int | None = None,
+                  repeats: int = STEP_REPEATS) -> CostTable:
+  """The measured step costs s(0..gamma_max) (and s_lookup(0..gamma_max) for a hybrid
+  draft); the table holds no c and v(k) (`measure` times those).
 
-  v(k) and c are timed at `context` cached tokens. Each step is timed in the compiled
-  loop of a run (`speculative.run_steps_jit`) with prompts of step_context tokens
-  (default: context), max_new_tokens and eos_id: given a run's own values
+  Each step is timed in the compiled loop of a run (`speculative.run_steps_jit`) with
+  prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
   (`gamma_arguments`), the run then reuses the programs timed here, and the table
-  compiles nothing of its own but v(k) and c. A timed call runs one step from a state
-  prefilled with step_context tokens (its step index one below max_new_tokens), with
-  costs (`forcing_costs`) under which every row takes the width timed; the plain step
-  is the autoregressive loop's, timed the same way.
+  compiles nothing of its own. A timed call runs one step from a state prefilled with
+  `context` tokens (its step index one below max_new_tokens), with costs
+  (`forcing_costs`) under which every row takes the width timed; the plain step is the
+  autoregressive loop's, timed the same way.
   """
   import jax
 
   from specdec_jax import speculative
 
-  table = measure(target_params, target_config, draft_params, draft_config,
-                  gamma_max=gamma_max, batch=batch, context=context)
+  placeholder = CostTable(c=None, verify_costs=None, step_costs=(1.0,) * (gamma_max + 1))
   vocab = speculative.resolve_vocab(target_config, draft_config, None)
-  context = context if step_context is None else step_context
   distinct = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919) % vocab
   # a context that repeats itself with this period: every row's lookup matches
   period = max(1, min(16, context // 2))
@@ -152,7 +154,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
       continue  # an n-gram draft proposes only where its lookup matches
     args = speculative.prepare_generate(
         tokens.astype(np.int32), draft_config=draft_config, gamma="auto", gamma_max=gamma_max,
-        costs=table, verifier=verifier, **common)
+        costs=placeholder, verifier=verifier, **common)
     starts[name] = (args, last_step(draft_params, args))
   lag = speculative.feature_lag(draft_config, True)
   forced = {}  # fns name -> γ every row must have taken
@@ -200,7 +202,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   if kind == "hybrid":
     lookup_costs = tuple(step_costs[:1] + [float(seconds[("lookup", k)] / seconds["plain"])
                                            for k in range(2, gamma_max + 2)])
-  return CostTable(c=table.c, verify_costs=table.verify_costs, step_costs=tuple(step_costs),
+  return CostTable(c=None, verify_costs=None, step_costs=tuple(step_costs),
                    lookup_step_costs=lookup_costs)
 
 
@@ -211,18 +213,22 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
   path = cache_path(directory, key)
   try:
     stored = json.loads(path.read_text())
-    if stored.get("key") == key and len(stored["verify_costs"]) >= gamma_max + 1:
-      steps, lookup = stored.get("step_costs"), stored.get("lookup_step_costs")
-      return CostTable(c=float(stored["c"]),
-                       verify_costs=tuple(float(x) for x in stored["verify_costs"]),
-                       step_costs=None if steps is None else tuple(float(x) for x in steps),
-                       lookup_step_costs=None if lookup is None
-                       else tuple(float(x) for x in lookup)), False
+
+    def floats(name):
+      return None if stored.get(name) is None else tuple(float(x) for x in stored[name])
+
+    table = CostTable(c=None if stored.get("c") is None else float(stored["c"]),
+                      verify_costs=floats("verify_costs"), step_costs=floats("step_costs"),
+                      lookup_step_costs=floats("lookup_step_costs"))
+    if stored.get("key") == key and table.max_gamma >= gamma_max:
+      return table, False
   except (OSError, ValueError, KeyError, TypeError):
     pass  # missing, unreadable or another table: measure
   table = measure_fn()
   path.parent.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(path, dict(key=key, c=table.c, verify_costs=list(table.verify_costs),
+  atomic_write_json(path, dict(key=key, c=table.c,
+                               verify_costs=None if table.verify_costs is None
+                               else list(table.verify_costs),
                                step_costs=None if table.step_costs is None
                                else list(table.step_costs),
                                lookup_step_costs=None if table.lookup_step_costs is None
@@ -234,7 +240,7 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
               run: dict | None = None, log: Callable[[str], None] = print) -> CostTable:
   """The cost table of a `loading.Pair` on this machine at `batch` rows (default: its
   prompts), with step costs at its sampling rules and verifier (`measure_steps`), cached.
-  run: dict(step_context=, max_new_tokens=, eos_id=) of the run about to decode at
+  run: dict(context=, max_new_tokens=, eos_id=) of the run about to decode at
   `batch` rows: where the table is measured, its steps are timed in that run's own
   compiled loop (shared with the run). The key leaves these out: a table measured for
   one run serves every later one."""
@@ -253,11 +259,15 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
 
 
 def describe(table: CostTable) -> str:
-  """One line: c and v(k), and the step costs s(γ) where measured."""
-  line = f"c = {table.c:.3f}  v(k) = " + " ".join(
-      f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1))
+  """One line: the step costs s(γ) where measured, c and v(k) where the table holds them."""
+  parts = []
+  if table.verify_costs is not None:
+    parts.append(f"c = {table.c:.3f}  v(k) = " + " ".join(
+        f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1)))
   if table.step_costs is not None:
-    line += "  s(gamma) = " + " ".join(f"{g}:{x:.2f}" for g, x in enumerate(table.step_costs))
+    parts.append("s(gamma) = " + " ".join(f"{g}:{x:.2f}"
+                                          for g, x in enumerate(table.step_costs)))
+  line = "  ".join(parts)
   if table.lookup_step_costs is not None:
     line += "  lookup s(gamma) = " + " ".join(
         f"{g}:{x:.2f}" for g, x in enumerate(table.lookup_step_costs))
@@ -287,7 +297,7 @@ def gamma_arguments(config, pair, *, directory: str | os.PathLike,
   if gamma != "auto":
     return dict(gamma=gamma)
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
-  run = dict(step_context=max(len(p) for p in pair.prompts),
+  run = dict(context=max(len(p) for p in pair.prompts),
              max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
   table = table_for(pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
   if not table.drafting_pays(gamma_max):

@@ -69,7 +69,11 @@ def prompt_set_settings(doc: dict) -> str:
              + f" for k = 1..{len(v)}")
   text += "."
   auto = meta.get("auto_cost_table")
-  if auto:
+  if auto and auto.get("step_costs"):
+    text += (" γ auto chose from this machine's step costs s(γ) = "
+             + ", ".join(f"{x:.2f}" for x in auto["step_costs"]) + " for γ = 0.."
+             + f"{len(auto['step_costs']) - 1}.")
+  elif auto:
     text += (f" γ auto chose from this machine's cost table: c = {num(auto.get('c'), '.3f')}, "
              "v(k) = " + ", ".join(f"{x:.2f}" for x in auto.get("verify_costs", [])) + ".")
   return text

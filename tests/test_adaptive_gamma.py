@@ -393,6 +393,8 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   assert table.step_costs[1] in kept
   assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
   assert table.as_array(2).shape == (3,) and table.lookup_step_costs is None
+  assert table.verify_costs is None and table.max_gamma == 2  # step costs alone
+  assert machine_costs.describe(table).startswith("s(gamma) = 0:")
   key = machine_costs.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
                                verifier="block")
   assert key["steps"] and key != machine_costs.cost_key(
@@ -428,7 +430,7 @@ def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs):
   target, tp, draft, dp = greedy_pairs["feature"]
   table = machine_costs.measure_steps(
       tp, target, dp, draft, gamma_max=GAMMA_MAX, batch=len(PROMPTS), sampling=GREEDY,
-      context=8, step_context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
+      context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
       repeats=1)
   loops, prefills = spec.run_steps_jit._cache_size(), spec.init_state_jit._cache_size()
   speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
@@ -503,6 +505,8 @@ def test_bad_auto_arguments_raise(greedy_pairs, change, match):
     (0.1, (1.0, float("nan")), "verify_costs must be finite numbers > 0"),
     (0.1, (1.2, 1.3), "verify_costs\\[0\\] is v\\(1\\) and must be 1, got 1.2"),
     (0.1, (), "verify_costs must be finite numbers > 0, got \\(\\)"),
+    (None, (1.0, 1.2), "c and verify_costs go together"),
+    (None, None, "needs step_costs or c and verify_costs, got none"),
 ])
 def test_bad_cost_table_raises(c, v, match):
   with pytest.raises(ValueError, match=match):
