@@ -121,6 +121,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   autoregressive loop's, timed the same way.
   """
   import jax
+  import jax.numpy as jnp
 
   from specdec_jax import speculative
 
@@ -136,10 +137,10 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   def last_step(params, args):
     """The prefilled state of args, one step before max_new_tokens."""
     state = speculative.prefill(target_params, params, args)
-    return state.replace(step=jax.numpy.asarray(max_new_tokens - 1, jax.numpy.int32))
+    return state.replace(step=jnp.asarray(max_new_tokens - 1, jnp.int32))
 
   def timed(params, args, state, costs=None):
-    costs = None if costs is None else jax.numpy.asarray(costs)
+    costs = None if costs is None else jnp.asarray(costs)
     return lambda: jax.block_until_ready(speculative.run_steps_of(
         target_params, params, state, args, costs=costs))
 
@@ -165,7 +166,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
         continue  # s_lookup(0) = s(0): nothing proposed
       key = width if (name == "draft" or kind == "ngram") else ("lookup", width)
       if width == 1 and lag:  # the γ = 0 step that runs the draft: a probe
-        state = state.replace(plain_run=jax.numpy.full_like(state.plain_run, lag - 1))
+        state = state.replace(plain_run=jnp.full_like(state.plain_run, lag - 1))
       fns[key], forced[key] = timed(draft_params, args, state, costs), width - 1
   if lag:  # the plain step that skips the feature draft (no probe due)
     args, state = starts["draft"]
@@ -196,6 +197,10 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
     if not (took == gamma).all():
       raise RuntimeError(f"step-cost timing {key!r} meant every row to propose {gamma} "
                          f"tokens, but they proposed {took.tolist()}")
+  if lag and not np.array_equal(results["skip"].draft_cache["length"],
+                                starts["draft"][1].draft_cache["length"]):
+    raise RuntimeError("step-cost timing 'skip' meant a plain step that skips the feature "
+                       "draft, but the draft ran")
   seconds = max(attempts, key=lambda x: step_costs_of(x)[0])
   step_costs = step_costs_of(seconds)
   lookup_costs = None
