@@ -291,18 +291,21 @@ def parse_gamma(value) -> int | str:
 
 
 def gamma_arguments(config, pair, *, directory: str | os.PathLike,
+                    prompt_width: int | None = None,
                     log: Callable[[str], None] = print) -> dict | None:
   """speculative_generate's gamma keywords for a run config and `loading.Pair`:
   {'gamma': γ} for a fixed config.gamma; {'gamma': 'auto', 'gamma_max', 'costs'} for
   'auto' (the table from `table_for`); None when the table says no γ >= 1 pays even at
-  α = `adaptive.PAYS_AT_ALPHA` (one line says so: decode with autoregressive_generate)."""
+  α = `adaptive.PAYS_AT_ALPHA` (one line says so: decode with autoregressive_generate).
+  prompt_width: the width the run pads its prompts to, if any (where a table is measured,
+  its steps are timed in the run's own loop: `table_for`)."""
   from specdec_jax.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
 
   gamma = parse_gamma(config.gamma)
   if gamma != "auto":
     return dict(gamma=gamma)
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
-  run = dict(context=max(len(p) for p in pair.prompts),
+  run = dict(context=max([len(p) for p in pair.prompts] + [prompt_width or 0]),
              max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
   table = table_for(pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
   if not table.drafting_pays(gamma_max):
