@@ -123,18 +123,13 @@ def side_by_side(pair, config, texts, prompt_width: int | None = None) -> None:
   report(tok, texts, res, out, config)
 
 
-def lookup_prompts(pair, config) -> list[list[int]]:
-  """The lookup config's prompts, tokenized."""
-  return encode_prompts(pair.tokenizer, config.prompts, chat=bool(config.chat))
-
-
-def prompt_lookup(pair, config, prompt_width: int | None = None) -> None:
-  """Step 4: the same target with the lookup config's n-gram draft and prompts."""
+def prompt_lookup(pair, config, prompts, prompt_width: int | None = None) -> None:
+  """Step 4: the same target with the lookup config's n-gram draft and its prompts
+  (tokenized)."""
   tok = pair.tokenizer
   draft_config, _ = load_draft(config.draft, tok, pair.target_config, None)
   if draft_config is None or draft_config.kind != "ngram":
     raise ValueError(f"--lookup_config must name an 'ngram:<n>' draft, got {config.draft!r}")
-  prompts = lookup_prompts(pair, config)
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))
   print("\n--- prompt lookup: drafts copied from earlier in the text, at no draft cost")
@@ -152,12 +147,13 @@ def main(argv):
   pair = load_pair(config)
   # Both steps pad their prompts to one width, so they share the compiled prefill and
   # autoregressive loop (about 16 s of compiling on 2 cores).
-  width = max(len(p) for p in pair.prompts)
-  if _RUN_LOOKUP.value:
-    width = max([width] + [len(p) for p in lookup_prompts(pair, _LOOKUP.value)])
+  lookup = _LOOKUP.value
+  psalm = (encode_prompts(pair.tokenizer, lookup.prompts, chat=bool(lookup.chat))
+           if _RUN_LOOKUP.value else [])
+  width = max(len(p) for p in list(pair.prompts) + psalm)
   side_by_side(pair, config, config.prompts[: len(pair.prompts)], width)
   if _RUN_LOOKUP.value:
-    prompt_lookup(pair, _LOOKUP.value, width)
+    prompt_lookup(pair, lookup, psalm, width)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ the cost s(γ) of one speculative step in which a row proposes γ drafts, in pla
             the compiled decode loop itself (`machine_costs.measure_steps`): the draft,
             its sampling, the verifier, the lookup and the bookkeeping included;
   modelled  s(γ) = max(γ, 1) c + v(γ+1) from c = draft call / target call (one token)
-            and v(k) = target call over k tokens / over 1 (`machine_costs.measure`).
+            and v(k) = target call over k tokens / over 1 (`studies`).
 The model leaves out everything but the two models' forward calls; on a 2-core CPU
 that is 0.1 to 0.5 of a plain step (more at temperature > 0, where every drafted token
 is sampled over the whole vocabulary), so the measured form is the one the scripts use.

@@ -15,10 +15,11 @@ that runs it. With a hybrid draft the same compiled loop also times s_lookup(γ)
 which every row takes the lookup (a context that repeats itself, so every row's lookup
 matches). Given the shapes of the run about to decode (`gamma_arguments`), the table
 compiles nothing of its own: the loops it times are the run's, compiled once for both,
-and timing them takes about ten seconds for SmolLM2 on 2 cores. `measure` times the
-model's c (draft step / target step, one token each) and v(k) = t(k tokens) / t(1 token)
-of the target for k = 1..G+1 at batch B and a fixed context (`studies.call_seconds`;
-what the benchmark reports beside its results). `load_or_measure` keeps a table in
+and timing them takes about ten seconds for SmolLM2 on 2 cores. The model's c (draft
+step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
+benchmark's to time and report (`studies.cost_coefficient`, `studies.verify_cost_curve`);
+a table of them (`CostTable(c, verify_costs)`) is what tests inject. `load_or_measure`
+keeps a table in
 `<directory>/<key hash>.json` (scripts use runs/costs/, ignored by git) under a key of
 everything that changes it:
   machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
@@ -48,15 +49,16 @@ from specdec_jax.adaptive import CostTable
 from specdec_jax.io import machine
 from specdec_jax.io.atomic import atomic_write_json
 
-# Context (cached tokens) the calls are timed at: a short prompt plus half a generation.
+# Context (cached tokens) steps are timed at when no run gives its prompt width: a short
+# prompt plus half a generation.
 MEASURE_CONTEXT = 96
-MEASURE_REPEATS = 10
 
 
 def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT,
              sampling=None, verifier: str | None = None) -> dict:
   """The identity of a cost table: this machine, the two models and batch; for step costs
-  (`measure_steps`) the sampling rules and verifier, else (`measure`) the context."""
+  (`measure_steps`) the sampling rules and verifier, else (a modelled table of c and v(k),
+  `studies`) the context."""
   import jax
 
   model, isa = machine.cpu_info()
@@ -76,17 +78,6 @@ def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
   """<directory>/<sha256 of the key, 16 hex digits>.json."""
   digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
   return pathlib.Path(directory) / f"{digest}.json"
-
-
-def measure(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
-            batch: int, context: int = MEASURE_CONTEXT,
-            repeats: int = MEASURE_REPEATS) -> CostTable:
-  """Times c and v(1..gamma_max+1) on this machine (`studies`; compile excluded)."""
-  v = studies.verify_cost_curve(target_params, target_config, batch=batch, context=context,
-                                max_tokens=gamma_max + 1, repeats=repeats)
-  c = studies.cost_coefficient(target_params, target_config, draft_params, draft_config,
-                               batch=batch, context=context, repeats=repeats)
-  return CostTable(c=float(c), verify_costs=tuple(float(v[k]) for k in sorted(v)))
 
 
 STEP_REPEATS = 9
@@ -110,7 +101,8 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
                   max_new_tokens: int = MEASURE_NEW_TOKENS, eos_id: int | None = None,
                   repeats: int = STEP_REPEATS) -> CostTable:
   """The measured step costs s(0..gamma_max) (and s_lookup(0..gamma_max) for a hybrid
-  draft); the table holds no c and v(k) (`measure` times those).
+  draft); the table holds no c and v(k) (`studies.cost_coefficient` and
+  `studies.verify_cost_curve` time those, as the benchmark does).
 
   Each step is timed in the compiled loop of a run (`speculative.run_steps_jit`) with
   prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
