@@ -3,19 +3,19 @@
 Letters: B batch, G = γ_max.
 
 `measure_steps` times the step costs of a `adaptive.CostTable`: s(γ) = t(speculative
-step of width γ+1) / t(plain step), each timed as one step of the compiled decode loop
-itself (`speculative.run_steps_jit`, the program a run decodes with), called on a
-prefilled state one step before its end, with step costs that make every row propose γ
-(`forcing_costs`); the plain step is the autoregressive loop's. Each is the median of
-`repeats` rounds, the widths and the plain step interleaved in each round (timed again
-where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a disturbed timing of the plain step
-gives). With a feature draft (which skips plain steps, `speculative.FEATURE_LAG`), s(0)
-is the mean over a row's probe cycle: FEATURE_LAG - 1 steps that skip the draft and one
-that runs it. With a hybrid draft the same compiled loop also times s_lookup(γ), steps in
-which every row takes the lookup (a context that repeats itself, so every row's lookup
-matches). Given the shapes of the run about to decode (`gamma_arguments`), the table
+step of width γ+1) / t(plain step), each timed as `STEPS_PER_CALL` steps of the compiled
+decode loop itself (`speculative.run_steps_jit`, the program a run decodes with), called
+on a prefilled state that many steps before its end, with step costs that make every row
+propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each is the
+median of `repeats` rounds divided by the steps run, the widths and the plain step
+interleaved in each round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a
+disturbed timing of the plain step gives). With a feature draft (which skips plain
+steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's probe cycle: FEATURE_LAG
+- 1 steps that skip the draft and one that runs it, the steps of one timed call. With a
+hybrid draft the same compiled loop also times s_lookup(γ), steps in which every row
+takes the lookup (a context that repeats itself, so every row's lookup matches). Given the shapes of the run about to decode (`gamma_arguments`), the table
 compiles nothing of its own: the loops it times are the run's, compiled once for both,
-and timing them takes about ten seconds for SmolLM2 on 2 cores. The model's c (draft
+and timing them takes 15-30 seconds for SmolLM2 on 2 cores. The model's c (draft
 step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
 benchmark's to time and report (`studies.cost_coefficient`, `studies.verify_cost_curve`);
 a table of them (`CostTable(c, verify_costs)`) is what tests inject. `load_or_measure`
@@ -46,6 +46,7 @@ import numpy as np
 
 from specdec_jax import studies
 from specdec_jax.adaptive import CostTable
+from specdec_jax.arguments import FEATURE_LAG
 from specdec_jax.io import machine
 from specdec_jax.io.atomic import atomic_write_json
 
@@ -69,8 +70,9 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
     key.update(context=int(context))
   else:
     # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
-    # in a run's own compiled loop, v(k) and c no longer timed), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=6)
+    # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
+    # timed call), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=7)
   return key
 
 
@@ -80,7 +82,14 @@ def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
   return pathlib.Path(directory) / f"{digest}.json"
 
 
-STEP_REPEATS = 9
+STEP_REPEATS = 5
+# Loop steps per timed call. A call's fixed cost (entering the compiled loop with its
+# state) is about 1 ms for the autoregressive loop and 1-4 ms for a speculative one on
+# 2 cores, 5-25% of one SmolLM2 step, so a table of one step per call misread s(γ) by that
+# much (s(0) 1.13-1.30 against 1.02-1.07 over whole runs); over FEATURE_LAG = 8 steps it
+# adds well under 5%, and a feature draft's γ = 0 steps, timed from a row's last probe,
+# are then one probe cycle (FEATURE_LAG - 1 steps that skip the draft, one that runs it).
+STEPS_PER_CALL = FEATURE_LAG
 # The generation length the steps are timed under when a caller gives none (it sizes the
 # token buffer and caches of the timed loop, as in a run of that many new tokens).
 MEASURE_NEW_TOKENS = 64
@@ -107,10 +116,11 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   Each step is timed in the compiled loop of a run (`speculative.run_steps_jit`) with
   prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
   (`gamma_arguments`), the run then reuses the programs timed here, and the table
-  compiles nothing of its own. A timed call runs one step from a state prefilled with
-  `context` tokens (its step index one below max_new_tokens), with costs
-  (`forcing_costs`) under which every row takes the width timed; the plain step is the
-  autoregressive loop's, timed the same way.
+  compiles nothing of its own. A timed call runs min(STEPS_PER_CALL, max_new_tokens)
+  steps from a state prefilled with `context` tokens (its step index that many below
+  max_new_tokens), with costs (`forcing_costs`) under which every row takes the width
+  timed, and its time is divided by the steps the loop ran (fewer where every row is
+  done first); the plain step is the autoregressive loop's, timed the same way.
   """
   import jax
   import jax.numpy as jnp
@@ -126,19 +136,27 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   common = dict(target_config=target_config, max_new_tokens=max_new_tokens, sampling=sampling,
                 seed=0, row_ids=None, eos_id=eos_id, pad_id=0, vocab_size=None)
 
-  def last_step(params, args):
-    """The prefilled state of args, one step before max_new_tokens."""
-    state = speculative.prefill(target_params, params, args)
-    return state.replace(step=jnp.asarray(max_new_tokens - 1, jnp.int32))
+  steps = min(STEPS_PER_CALL, max_new_tokens)
 
-  def timed(params, args, state, costs=None):
+  def run_from(params, args, state, costs, n):
+    """() -> the state after the loop ran from `state` with its step index n below the
+    end (at most n steps)."""
+    state = state.replace(step=jnp.full_like(state.step, max_new_tokens - n))
     costs = None if costs is None else jnp.asarray(costs)
     return lambda: jax.block_until_ready(speculative.run_steps_of(
         target_params, params, state, args, costs=costs))
 
+  def took_forced(result, gamma, n) -> int:
+    """The leading steps of the last n in which every live row proposed gamma."""
+    took = np.asarray(result.gammas)[:, max_new_tokens - n:]
+    ok = ((took == gamma) | (took < 0)).all(axis=0) & (took >= 0).any(axis=0)
+    return int(np.cumprod(ok).sum())
+
   plain_args = speculative.prepare_generate(
       distinct.astype(np.int32), draft_config=None, gamma=0, verifier=None, **common)
-  fns = {"plain": timed(None, plain_args, last_step(None, plain_args))}
+  fns = {"plain": run_from(None, plain_args, speculative.prefill(target_params, None,
+                                                                   plain_args), None, steps)}
+  ran = {"plain": steps}  # fns name -> loop steps one call runs
   kind = getattr(draft_config, "kind", None)
   starts = {}
   for name, tokens in (("draft", distinct), ("lookup", periodic)):
@@ -148,30 +166,30 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
     args = speculative.prepare_generate(
         tokens.astype(np.int32), draft_config=draft_config, gamma="auto", gamma_max=gamma_max,
         costs=placeholder, verifier=verifier, **common)
-    starts[name] = (args, last_step(draft_params, args))
-  lag = speculative.feature_lag(draft_config, True)
-  forced = {}  # fns name -> γ every row must have taken
+    starts[name] = (args, speculative.prefill(target_params, draft_params, args))
+  forced = {}  # fns name -> γ every live row must have taken on every step
   for width in range(1, gamma_max + 2):
     costs = forcing_costs(width - 1, gamma_max)
     for name, (args, state) in starts.items():
       if width == 1 and name == "lookup" and "draft" in starts:
         continue  # s_lookup(0) = s(0): nothing proposed
       key = width if (name == "draft" or kind == "ngram") else ("lookup", width)
-      if width == 1 and lag:  # the γ = 0 step that runs the draft: a probe
-        state = state.replace(plain_run=jnp.full_like(state.plain_run, lag - 1))
-      fns[key], forced[key] = timed(draft_params, args, state, costs), width - 1
-  if lag:  # the plain step that skips the feature draft (no probe due)
-    args, state = starts["draft"]
-    fns["skip"], forced["skip"] = timed(draft_params, args, state, forcing_costs(0, gamma_max)), 0
-  for fn in fns.values():  # compile (nothing new where a run compiled these loops already)
-    fn()
+      # A lookup step's row proposes only while its lookup matches: where the target
+      # leaves the repeating context, time the steps before that (SmolLM2 keeps to it).
+      # These calls compile the loop (nothing new where a run compiled it already).
+      n = steps
+      while (good := took_forced(run_from(draft_params, args, state, costs, n)(),
+                                 width - 1, n)) < n and good > 0:
+        n = good
+      if good == 0:
+        raise RuntimeError(f"step-cost timing {key!r} meant every row to propose "
+                           f"{width - 1} tokens, but a row proposed another count")
+      fns[key], forced[key] = run_from(draft_params, args, state, costs, n), width - 1
+      ran[key] = n
+  fns["plain"]()
 
   def step_costs_of(seconds):
-    step_costs = [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
-    if lag:  # a γ = 0 row probes (runs the draft) on one plain step in FEATURE_LAG
-      skip = seconds["skip"] / seconds["plain"]
-      step_costs[0] = ((lag - 1) * skip + step_costs[0]) / lag
-    return step_costs
+    return [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
 
   # A plain step of the speculative loop does an autoregressive step's work and more, so
   # s(0) below PLAUSIBLE_PLAIN_COST means the autoregressive loop, every ratio's
@@ -181,18 +199,14 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   attempts = []
   for _ in range(TIMING_ATTEMPTS):
     seconds, results = studies.interleaved_seconds(fns, repeats)
-    attempts.append(seconds)
-    if step_costs_of(seconds)[0] >= PLAUSIBLE_PLAIN_COST:
+    attempts.append({key: seconds[key] / ran[key] for key in seconds})
+    if step_costs_of(attempts[-1])[0] >= PLAUSIBLE_PLAIN_COST:
       break
   for key, gamma in forced.items():  # the harness timed the width it meant to
-    took = np.asarray(results[key].gammas)[:, max_new_tokens - 1]
-    if not (took == gamma).all():
+    if took_forced(results[key], gamma, ran[key]) != ran[key]:
+      took = np.asarray(results[key].gammas)[:, max_new_tokens - ran[key]:]
       raise RuntimeError(f"step-cost timing {key!r} meant every row to propose {gamma} "
-                         f"tokens, but they proposed {took.tolist()}")
-  if lag and not np.array_equal(results["skip"].draft_cache["length"],
-                                starts["draft"][1].draft_cache["length"]):
-    raise RuntimeError("step-cost timing 'skip' meant a plain step that skips the feature "
-                       "draft, but the draft ran")
+                         f"tokens on each step, but they proposed {took.tolist()}")
   seconds = max(attempts, key=lambda x: step_costs_of(x)[0])
   step_costs = step_costs_of(seconds)
   lookup_costs = None
