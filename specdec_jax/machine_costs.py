@@ -13,9 +13,10 @@ disturbed timing of the plain step gives). With a feature draft (which skips pla
 steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's probe cycle: FEATURE_LAG
 - 1 steps that skip the draft and one that runs it, the steps of one timed call. With a
 hybrid draft the same compiled loop also times s_lookup(γ), steps in which every row
-takes the lookup (a context that repeats itself, so every row's lookup matches). Given the shapes of the run about to decode (`gamma_arguments`), the table
-compiles nothing of its own: the loops it times are the run's, compiled once for both,
-and timing them takes 15-30 seconds for SmolLM2 on 2 cores. The model's c (draft
+takes the lookup (a context that repeats itself, so every row's lookup matches). Given
+the shapes of the run about to decode (`gamma_arguments`), the table compiles nothing of
+its own: the loops it times are the run's, compiled once for both, and timing them takes
+15-30 seconds for SmolLM2 on 2 cores. The model's c (draft
 step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
 benchmark's to time and report (`studies.cost_coefficient`, `studies.verify_cost_curve`);
 a table of them (`CostTable(c, verify_costs)`) is what tests inject. `load_or_measure`
