@@ -148,16 +148,30 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
         target_params, params, state, args, costs=costs))
 
   def took_forced(result, gamma, n) -> int:
-    """The leading steps of the last n in which every live row proposed gamma."""
+    """The leading steps of the last n in which every live row proposed gamma (a plain
+    step records 0)."""
     took = np.asarray(result.gammas)[:, max_new_tokens - n:]
     ok = ((took == gamma) | (took < 0)).all(axis=0) & (took >= 0).any(axis=0)
     return int(np.cumprod(ok).sum())
 
+  fns, ran, forced = {}, {}, {}  # name -> timed call, loop steps it runs, γ of every step
+
+  def add(key, params, args, state, costs, gamma):
+    """Times `key` over the leading steps (at most `steps`) in which every live row
+    takes gamma: a lookup step's row proposes only while its lookup matches, and a row
+    is done at EOS. These calls compile the loop (nothing new where a run compiled it)."""
+    n = steps
+    while (good := took_forced(run_from(params, args, state, costs, n)(), gamma, n)) < n \
+        and good > 0:
+      n = good
+    if good == 0:
+      raise RuntimeError(f"step-cost timing {key!r} meant every row to propose {gamma} "
+                         f"tokens, but a row proposed another count")
+    fns[key], ran[key], forced[key] = run_from(params, args, state, costs, n), n, gamma
+
   plain_args = speculative.prepare_generate(
       distinct.astype(np.int32), draft_config=None, gamma=0, verifier=None, **common)
-  fns = {"plain": run_from(None, plain_args, speculative.prefill(target_params, None,
-                                                                   plain_args), None, steps)}
-  ran = {"plain": steps}  # fns name -> loop steps one call runs
+  add("plain", None, plain_args, speculative.prefill(target_params, None, plain_args), None, 0)
   kind = getattr(draft_config, "kind", None)
   starts = {}
   for name, tokens in (("draft", distinct), ("lookup", periodic)):
@@ -168,26 +182,13 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
         tokens.astype(np.int32), draft_config=draft_config, gamma="auto", gamma_max=gamma_max,
         costs=placeholder, verifier=verifier, **common)
     starts[name] = (args, speculative.prefill(target_params, draft_params, args))
-  forced = {}  # fns name -> γ every live row must have taken on every step
   for width in range(1, gamma_max + 2):
     costs = forcing_costs(width - 1, gamma_max)
     for name, (args, state) in starts.items():
       if width == 1 and name == "lookup" and "draft" in starts:
         continue  # s_lookup(0) = s(0): nothing proposed
       key = width if (name == "draft" or kind == "ngram") else ("lookup", width)
-      # A lookup step's row proposes only while its lookup matches: where the target
-      # leaves the repeating context, time the steps before that (SmolLM2 keeps to it).
-      # These calls compile the loop (nothing new where a run compiled it already).
-      n = steps
-      while (good := took_forced(run_from(draft_params, args, state, costs, n)(),
-                                 width - 1, n)) < n and good > 0:
-        n = good
-      if good == 0:
-        raise RuntimeError(f"step-cost timing {key!r} meant every row to propose "
-                           f"{width - 1} tokens, but a row proposed another count")
-      fns[key], forced[key] = run_from(draft_params, args, state, costs, n), width - 1
-      ran[key] = n
-  fns["plain"]()
+      add(key, draft_params, args, state, costs, width - 1)  # SmolLM2: all steps match
 
   def step_costs_of(seconds):
     return [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
