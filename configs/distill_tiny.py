@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 8
   c.stop_after = 0  # > 0: SIGKILL this process right after step stop_after (crash tests)
   c.seed = 0
-  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.sharding)
+  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.models.sharding)
   c.distributed = ""  # '' | 'auto' | 'host:port,num_processes,process_id' (jax.distributed)
   # Data.
   c.corpora = ("shakespeare",)

@@ -5,7 +5,7 @@ r"""SmolLM2-135M with the prompt-lookup (n-gram) draft on a repetitive text.
       --gammas=2,4,8                                      # free prose: Luke's opening
 
 The prompt is the opening of Psalm 136 (World English Bible, the corpus of
-`specdec_jax.data`), whose refrain "For his loving kindness endures forever" comes
+`specdec_jax.io.data`), whose refrain "For his loving kindness endures forever" comes
 back every line: the draft proposes what followed the last match of up to 3 trailing
 tokens, at no draft cost and with no training.
 """
@@ -24,7 +24,7 @@ PSALM_136 = (
 
 def get_config() -> ml_collections.ConfigDict:
   c = smollm2_135m.get_config()
-  c.draft = "ngram:3"  # prompt lookup of up to 3 trailing tokens (specdec_jax.ngram)
+  c.draft = "ngram:3"  # prompt lookup of up to 3 trailing tokens (specdec_jax.drafts.ngram)
   c.prompts = (PSALM_136,)
   # A fixed gamma of 8 (the best of 2, 4, 8 greedy on this prompt, docs/results_archive.md,
   # machine A): on a refrain a lookup nearly always has a match, and a fixed gamma spares

@@ -52,11 +52,11 @@ def get_config() -> ml_collections.ConfigDict:
       "FIRST CITIZEN.\nBefore we proceed any further, hear me speak.\n\nALL.\nSpeak, speak."
       "\n\nFIRST CITIZEN.\nYou are all resolved rather to die than to famish?\n\n",
   )
-  # A prompt-set JSON (specdec_jax.prompt_sets), e.g. configs/prompts/heldout.json: the
+  # A prompt-set JSON (specdec_jax.bench.prompt_sets), e.g. configs/prompts/heldout.json: the
   # benchmark runs each prompt alone and reports per domain; '' = c.prompts above.
   c.prompt_set = ""
   # 'auto': each row and step picks 0..gamma_max drafts from its running acceptance and
-  # this machine's cost table (measured once into runs/costs/; specdec_jax.adaptive);
+  # this machine's cost table (measured once into runs/costs/; specdec_jax.gamma.adaptive);
   # or a fixed count, e.g. --config.gamma=2 (best of 1-4 for the feature draft at T=0
   # on machine A, docs/results_archive.md).
   c.gamma = "auto"
@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   # the feature draft's own steps rarely choose more than 3 (its step costs rise faster).
   c.gamma_max = 6
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
-  # A token tree per step (specdec_jax.tree_decode; an independent or feature draft, fixed
+  # A token tree per step (specdec_jax.decoding.tree_decode; an independent or feature draft, fixed
   # gamma): branching per depth, e.g. '2,2,1' (TreeShape.from_branching); '' = a chain.
   c.tree = ""
   c.tree_rule = "sampled"  # 'sampled' (SpecInfer, i.i.d. children) | 'topk' (draft's top-k)
@@ -75,7 +75,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.max_new_tokens = 64
   c.batch_size = 1  # prompts are repeated/cut to this many rows
   c.seed = 0
-  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.sharding)
+  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.models.sharding)
   c.distributed = ""  # '' | 'auto' | 'host:port,num_processes,process_id' (jax.distributed)
   c.repeats = 3  # benchmark: median of this many timed runs per sampler
   return c

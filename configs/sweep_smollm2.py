@@ -35,7 +35,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Prompts: held-out text windows, no chat template (the draft is distilled on raw text).
   c.prompt_source = "heldout:bible+shakespeare"
   c.prompts = ()
-  # A prompt-set JSON (specdec_jax.prompt_sets), e.g. configs/prompts/heldout.json: replaces
+  # A prompt-set JSON (specdec_jax.bench.prompt_sets), e.g. configs/prompts/heldout.json: replaces
   # the windows above and adds α (and, with repeats > 0, speedup at batch 1) per domain.
   c.prompt_set = ""
   c.chat = False

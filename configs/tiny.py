@@ -38,7 +38,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.max_new_tokens = 64
   c.batch_size = 4
   c.seed = 0
-  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.sharding)
+  c.mesh = ""  # '' = one device; 'data,model' = a sharded mesh (specdec_jax.models.sharding)
   c.distributed = ""  # '' | 'auto' | 'host:port,num_processes,process_id' (jax.distributed)
   c.repeats = 5
   return c

@@ -18,10 +18,10 @@ Same model, prompts, settings and seed for both samplers; compile time excluded
 compile time, the cost coefficient c, the verify-cost curve v(k) and the
 Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
 With gamma 'auto' (γ chosen per row and step from this machine's cost table, measured
-once into runs/costs/; `specdec_jax.machine_costs`) it also prints, and writes to the
+once into runs/costs/; `specdec_jax.gamma.machine_costs`) it also prints, and writes to the
 JSON rows as gamma_histogram, how many steps chose each γ.
 
-With --config.prompt_set (a JSON file, `specdec_jax.prompt_sets`; '' = the config's own
+With --config.prompt_set (a JSON file, `specdec_jax.bench.prompt_sets`; '' = the config's own
 prompts), every prompt of the set runs alone at batch 1, timed side by side as above,
 and each γ prints one line per prompt and a table per domain and overall: speedup as
 the geometric mean over prompts with the 95% Student-t interval of the mean log-ratio,
@@ -38,13 +38,15 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import adaptive, machine_costs, prompt_sets
-from specdec_jax import speculative as spec
-from specdec_jax import studies
+from specdec_jax.gamma import adaptive, machine_costs
+
+from specdec_jax.bench import prompt_sets
+from specdec_jax.decoding import speculative as spec
+from specdec_jax.bench import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
-from specdec_jax.tree_shapes import parse_tree
+from specdec_jax.verification.tree_shapes import parse_tree
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (default: "

@@ -21,7 +21,9 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import distill, sharding
+from specdec_jax import distill
+
+from specdec_jax.models import sharding
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/distill_*.py file.",
                                           lock_config=True)

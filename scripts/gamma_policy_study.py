@@ -6,7 +6,7 @@ r"""Rules for choosing γ compared offline on the held-out set (T = 0): replayed
 
 One greedy decode per prompt (the config's prompt set, `max_new_tokens`) records, for every
 start, which of the hybrid draft's next G proposals the target's greedy tokens confirm
-(`specdec_jax.gamma_replay`). Each rule then replays every prompt under this machine's
+(`specdec_jax.gamma.gamma_replay`). Each rule then replays every prompt under this machine's
 measured step costs (`machine_costs.table_for`, the benchmark's cached table at batch 1),
 giving its predicted speedup over autoregressive decoding per prompt. Rules:
   auto          the committed gamma='auto' rule: one α̂ and one cost row per source
@@ -28,7 +28,9 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import adaptive, gamma_replay, machine_costs, prompt_sets
+from specdec_jax.gamma import adaptive, gamma_replay, machine_costs
+
+from specdec_jax.bench import prompt_sets
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair

@@ -5,10 +5,10 @@ r"""Text in, text out: speculative (or, with --config.draft=none, plain) decodin
 
 Prints the continuation, then tokens/s, acceptance rate, tokens per step,
 α = mean Σ min(p,q) and, with gamma 'auto', how often each γ was chosen (this machine's
-cost table is measured once into runs/costs/; `specdec_jax.machine_costs`). With --json,
+cost table is measured once into runs/costs/; `specdec_jax.gamma.machine_costs`). With --json,
 one JSON object (text, tokens, statistics, seed).
 
-On a device mesh (params sharded over 'model', rows over 'data'; `specdec_jax.sharding`),
+On a device mesh (params sharded over 'model', rows over 'data'; `specdec_jax.models.sharding`),
 on one host or several (`jax.distributed`; every process runs this same command with
 its own process id, and process 0 prints):
 
@@ -27,10 +27,12 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import adaptive, machine_costs, sharding
+from specdec_jax.gamma import adaptive, machine_costs
+
+from specdec_jax.models import sharding
 from specdec_jax.loading import load_pair
-from specdec_jax.parallel import mesh_generate
-from specdec_jax.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.parallel import mesh_generate
+from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeatable); default: config")

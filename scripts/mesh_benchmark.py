@@ -16,12 +16,16 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import machine_costs, sharding, studies
+from specdec_jax.gamma import machine_costs
+
+from specdec_jax.models import sharding
+
+from specdec_jax.bench import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
-from specdec_jax.parallel import mesh_generate
-from specdec_jax.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.parallel import mesh_generate
+from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")

@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specdec_jax import studies
+from specdec_jax.bench import studies
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
-from specdec_jax.model import forward, init_cache, unstack_layers
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.speculative import autoregressive_generate
+from specdec_jax.models.model import forward, init_cache, unstack_layers
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import autoregressive_generate
 
 _TOKENS = flags.DEFINE_integer("tokens", 64, "decoded tokens per timed run")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "timed runs (median)")

@@ -32,10 +32,12 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import machine_costs, studies
+from specdec_jax.gamma import machine_costs
+
+from specdec_jax.bench import studies
 from specdec_jax.loading import encode_prompts, load_draft, load_pair
-from specdec_jax.speculative import autoregressive_generate
-from specdec_jax.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import autoregressive_generate
+from specdec_jax.models.sampling import SamplingConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_bootstrap.ROOT, "configs", "smollm2_135m.py"),

@@ -19,8 +19,8 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import adaptive, machine_costs
-from specdec_jax import speculative as spec
+from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax.decoding import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -46,7 +46,7 @@ def prompt_windows(pair, num: int, length: int, seed: int) -> list[list[int]]:
   rng = np.random.default_rng(seed)
   if getattr(pair.tokenizer, "identity", "") == "bytes-v1":
     return rng.integers(32, 127, size=(num, length)).tolist()
-  from specdec_jax.sweep import heldout_prompts
+  from specdec_jax.bench.sweep import heldout_prompts
   return heldout_prompts(pair.tokenizer, "bible", num=num, prompt_tokens=length, seed=seed)
 
 

@@ -9,7 +9,7 @@ r"""Acceptance and speed against γ over drafts, temperatures and batch sizes.
 Writes DIR/results.csv (deterministic: byte-identical for the same config, seed and
 code), DIR/results_timing.csv, batch.csv, batch_timing.csv, best_gamma.csv,
 results.json and the plots tokens_per_step.png, speedup.png, accept_by_position.png
-(see specdec_jax/sweep.py). Prints the grid as a table and the wall time. With
+(see specdec_jax/bench/sweep.py). Prints the grid as a table and the wall time. With
 --config.prompt_set, also a table per cell of α and speedup per domain and overall,
 each with its 95% interval over prompts (results.json "domains" and "per_prompt").
 """
@@ -20,7 +20,7 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax import sweep
+from specdec_jax.bench import sweep
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/sweep_*.py file",
                                           lock_config=True)

@@ -53,13 +53,15 @@ from absl import flags, logging
 import jax
 import numpy as np
 from configs import smollm2_135m
-from specdec_jax import prompt_sets, studies, tree_decode, tree_shapes
-from specdec_jax import speculative as spec
+from specdec_jax.bench import prompt_sets, studies
+from specdec_jax.decoding import tree_decode
+from specdec_jax.verification import tree_shapes
+from specdec_jax.decoding import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_models
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.tree_shapes import TreeShape
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.verification.tree_shapes import TreeShape
 
 _OUT = flags.DEFINE_string("out", "docs/results/tree_tokens_per_call.json", "JSON output")
 _NEW = flags.DEFINE_integer("max_new_tokens", 32, "new tokens per prompt")

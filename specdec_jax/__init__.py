@@ -4,16 +4,16 @@ The algorithm of REFERENCE.md §1 lives in `verify.py` (accept/reject) and
 `speculative.py` (the step and the decode loops).
 """
 
-from specdec_jax.model import ModelConfig, forward, init_cache, init_params
-from specdec_jax.sampling import SamplingConfig, sample, warp
-from specdec_jax.speculative import (
+from specdec_jax.models.model import ModelConfig, forward, init_cache, init_params
+from specdec_jax.models.sampling import SamplingConfig, sample, warp
+from specdec_jax.decoding.speculative import (
     DecodeState,
     GenerationResult,
     autoregressive_generate,
     speculative_generate,
     speculative_step,
 )
-from specdec_jax.verify import acceptance_probability, verify
+from specdec_jax.verification.verify import acceptance_probability, verify
 
 __all__ = [
     "DecodeState", "GenerationResult", "ModelConfig", "SamplingConfig", "acceptance_probability",

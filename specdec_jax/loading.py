@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.model import ModelConfig, init_params
+from specdec_jax.models.model import ModelConfig, init_params
 
 if TYPE_CHECKING:
-  from specdec_jax.ngram import HybridDraft, NgramDraft
-  from specdec_jax.sampling import SamplingConfig
+  from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
+  from specdec_jax.models.sampling import SamplingConfig
 
 
 class ByteTokenizer:
@@ -53,7 +53,7 @@ def load_tokenizer(name: str):
   if name == "bytes":
     return ByteTokenizer()
   from specdec_jax.io.gguf import smollm2_path
-  from specdec_jax.tokenizer import Tokenizer
+  from specdec_jax.io.tokenizer import Tokenizer
   return Tokenizer.from_gguf(smollm2_path() if name == "smollm2" else name)
 
 
@@ -97,7 +97,7 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
   if name in ("none", "", None):
     return None, None
   if name.startswith("hybrid:"):
-    from specdec_jax.ngram import HybridDraft
+    from specdec_jax.drafts.ngram import HybridDraft
     if not feature_draft or feature_draft.startswith(("hybrid:", "ngram:")):
       raise ValueError(f"draft {name!r} needs config.feature_draft to name a feature draft "
                        f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
@@ -124,7 +124,7 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     params["layers"] = jax.tree_util.tree_map(lambda x: x[:k], target_params["layers"])
     return cfg, params
   if name.startswith("ngram:"):
-    from specdec_jax.ngram import NgramDraft
+    from specdec_jax.drafts.ngram import NgramDraft
     return NgramDraft.from_name(name), None
   if name == "random":
     if dims is None:
@@ -184,7 +184,7 @@ def load_models(config, drafts) -> Models:
   """The one loader of every script: tokenizer, target and the (name, spec) drafts of a run
   config, each model checked against the tokenizer's vocabulary; per-layer params when
   config.unstacked."""
-  from specdec_jax.model import unstack_layers
+  from specdec_jax.models.model import unstack_layers
   names = [name for name, _ in drafts]
   if len(set(names)) != len(names):
     raise ValueError(f"drafts need unique names, got {names}")
@@ -228,8 +228,8 @@ class Pair:
 
 def load_pair(config, prompts: list[str] | None = None) -> Pair:
   """Tokenizer, target, draft (`load_models`), encoded prompts and sampling rules."""
-  from specdec_jax.sampling import SamplingConfig
-  from specdec_jax.speculative import DEFAULT_VERIFIER, resolve_verifier
+  from specdec_jax.models.sampling import SamplingConfig
+  from specdec_jax.decoding.speculative import DEFAULT_VERIFIER, resolve_verifier
 
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
-from specdec_jax.model import ModelConfig, forward, init_cache, init_params, param_shapes
-from specdec_jax.sampling import warp
+from specdec_jax.models.model import ModelConfig, forward, init_cache, init_params, param_shapes
+from specdec_jax.models.sampling import warp
 
 # A correct sampler fails a chi-square test at this level with probability 1e-3.
 SIGNIFICANCE = 1e-3

@@ -21,7 +21,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from specdec_jax import sharding  # noqa: E402
+from specdec_jax.models import sharding  # noqa: E402
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15], [3, 3], [7]]
 SAMPLINGS = {"greedy": dict(temperature=0.0), "t1_top_p": dict(temperature=1.0, top_p=0.9)}
@@ -40,7 +40,7 @@ def generate_cases(mesh, names=tuple(SAMPLINGS)) -> dict:
   """{sampling name: tokens} of mesh_generate (None: one device, speculative_generate) for
   the SAMPLINGS named."""
   from specdec_jax import SamplingConfig, speculative_generate
-  from specdec_jax.parallel import mesh_generate
+  from specdec_jax.decoding.parallel import mesh_generate
   target, tp, draft, dp = tiny_pair()
   out = {}
   for name in names:
@@ -57,7 +57,7 @@ def generate_cases(mesh, names=tuple(SAMPLINGS)) -> dict:
 
 def distill_setup():
   from specdec_jax.distill import DistillSettings, OptimizerSettings
-  from specdec_jax.model import init_params
+  from specdec_jax.models.model import init_params
   target, tp, draft, _ = tiny_pair()
   dp = init_params(draft, jax.random.PRNGKey(5))
   settings = DistillSettings(loss="fkl", temperature=1.0)
@@ -100,7 +100,7 @@ def restore_state(directory, like_state, identity, mesh):
 
 def local(workdir: pathlib.Path) -> dict:
   from specdec_jax import SamplingConfig
-  from specdec_jax.parallel import pmap_generate
+  from specdec_jax.decoding.parallel import pmap_generate
   assert jax.device_count() == 4, jax.devices()
   target, tp, draft, dp = tiny_pair()
   pmapped, stats = pmap_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,

@@ -23,11 +23,12 @@ import pytest
 from helpers import (SIGNIFICANCE, chi_square_pvalue, greedy_draft_pair, law_feature_pair,
                      law_pair, tiny_config, tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax import adaptive, machine_costs, studies
-from specdec_jax import speculative as spec
-from specdec_jax.adaptive import CostTable
-from specdec_jax.ngram import HybridDraft, NgramDraft
-from specdec_jax.verify import block_verify, verify
+from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax.bench import studies
+from specdec_jax.decoding import speculative as spec
+from specdec_jax.gamma.adaptive import CostTable
+from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
+from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
 
 GAMMA_MAX = 3

@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue, complete_with_fresh_draws
-from specdec_jax.sampling import warp
-from specdec_jax.verify import (block_residual_distribution, block_verification_terms,
+from specdec_jax.models.sampling import warp
+from specdec_jax.verification.verify import (block_residual_distribution, block_verification_terms,
                                 block_verify, verify)
 
 # The paper's toy example: context-independent models over {a, b}.

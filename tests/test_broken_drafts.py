@@ -1,5 +1,5 @@
 """Exactness whatever the draft outputs: NaN, ±inf, negative, unnormalised q, or a q that
-puts zero mass on the token it proposed (specdec_jax/verify.py, "Proposals that are not
+puts zero mass on the token it proposed (specdec_jax/verification/verify.py, "Proposals that are not
 proposals"). Both verifiers must keep the target's law; the same verifiers with the guard
 switched off (`unguarded`) are the negative controls and must fail the same checks.
 
@@ -27,14 +27,14 @@ import pytest
 from helpers import (SIGNIFICANCE, chi_square_pvalue, complete_with_fresh_draws, tiny_config,
                      tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax.sampling import warp
-from specdec_jax.verify import block_verify, valid_proposals, verify
+from specdec_jax.models.sampling import warp
+from specdec_jax.verification.verify import block_verify, valid_proposals, verify
 from test_exactness import (NEW, PROMPT, ROWS, VOCAB, exact_sequence_probs, pair,  # noqa: F401
                             sequence_index)
 
 G, V, N = 3, 4, 100_000
 # The module itself: the package exports a function of the same name.
-verify_module = sys.modules["specdec_jax.verify"]
+verify_module = sys.modules["specdec_jax.verification.verify"]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import noise_params, tiny_config
-from specdec_jax import speculative
+from specdec_jax.decoding import speculative
 from specdec_jax.distill import chat_corpus
 from specdec_jax.loading import ByteTokenizer
 

@@ -40,7 +40,7 @@ def test_only_our_own_value_errors_are_user_errors():
     ours()
   except ValueError as exc:  # raised in tests/: not the library's own input check
     assert not _bootstrap.is_user_error(exc)
-  from specdec_jax.sharding import parse_mesh_shape
+  from specdec_jax.models.sharding import parse_mesh_shape
   try:
     parse_mesh_shape("x")
   except ValueError as exc:

@@ -1,11 +1,11 @@
-"""Tests for specdec_jax.data: corpora, document splits, token cache, batches."""
+"""Tests for specdec_jax.io.data: corpora, document splits, token cache, batches."""
 
 import json
 
 import numpy as np
 import pytest
 
-from specdec_jax import data
+from specdec_jax.io import data
 
 
 class ByteTokenizer:

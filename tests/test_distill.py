@@ -16,9 +16,9 @@ import pytest
 from configs import distill_tiny
 from specdec_jax import distill, loading
 from specdec_jax.io import checkpoint as ckpt_lib
-from specdec_jax.model import ModelConfig
-from specdec_jax.sampling import warp
-from specdec_jax.verify import acceptance_probability
+from specdec_jax.models.model import ModelConfig
+from specdec_jax.models.sampling import warp
+from specdec_jax.verification.verify import acceptance_probability
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # One short run shared by the training tests: checkpoints at 10, 20, 30, 40.
@@ -128,7 +128,7 @@ def test_logit_divergences_with_a_vocabulary_subset_draft():
 
 
 def test_frequent_tokens():
-  from specdec_jax import data
+  from specdec_jax.io import data
   tokens = np.array([5, 5, 5, 2, 2, 7, 1, 1, 1, 1])
   assert data.frequent_tokens(tokens, 2, 10) == (1, 5)
   assert data.frequent_tokens(tokens, 3, 10, always=[9]) == (1, 5, 9)

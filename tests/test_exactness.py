@@ -20,7 +20,7 @@ import pytest
 from helpers import (SIGNIFICANCE, chi_square_pvalue, law_feature_pair, law_of_continuations,
                      law_pair, tiny_model)
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax.verify import block_verify, verify
+from specdec_jax.verification.verify import block_verify, verify
 
 VOCAB, NEW, ROWS = 4, 4, 40_000
 PROMPT = [1, 3, 0]

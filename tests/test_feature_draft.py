@@ -15,10 +15,10 @@ import pytest
 from helpers import tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
 from specdec_jax import distill
-from specdec_jax import speculative as spec
+from specdec_jax.decoding import speculative as spec
 from specdec_jax.distill import feature_cache as fc
 from specdec_jax.io import checkpoint as ckpt_lib
-from specdec_jax.model import (forward, init_cache, init_params, unrolled_feature_logits,
+from specdec_jax.models.model import (forward, init_cache, init_params, unrolled_feature_logits,
                                unstack_layers)
 
 GREEDY = SamplingConfig(temperature=0.0)

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_model
-from specdec_jax import SamplingConfig, gamma_replay, speculative_generate
-from specdec_jax.ngram import HybridDraft
+from specdec_jax import SamplingConfig, speculative_generate
+from specdec_jax.gamma import gamma_replay
+from specdec_jax.drafts.ngram import HybridDraft
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [10, 11, 10, 11]]
 

@@ -12,8 +12,8 @@ import pytest
 from helpers import noise_params
 from specdec_jax.io import gguf as gguf_io
 from specdec_jax.io.gguf import load_gguf, permute_for_gguf, smollm2_path
-from specdec_jax.model import ModelConfig, forward, init_cache
-from specdec_jax.tokenizer import Tokenizer
+from specdec_jax.models.model import ModelConfig, forward, init_cache
+from specdec_jax.io.tokenizer import Tokenizer
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "smollm2_golden.json")
 

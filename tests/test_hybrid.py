@@ -20,12 +20,13 @@ import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue, noise_params, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax import adaptive, drafting
-from specdec_jax import speculative as spec
+from specdec_jax.gamma import adaptive
+from specdec_jax.drafts import drafting
+from specdec_jax.decoding import speculative as spec
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer, load_draft
-from specdec_jax.ngram import HybridDraft, NgramDraft, lookup
-from specdec_jax.verify import block_verify, verify
+from specdec_jax.drafts.ngram import HybridDraft, NgramDraft, lookup
+from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import (NEW, PROMPT, ROWS, assert_naive_verifier_fails,
                             exact_sequence_probs,
                             sample_sequences, sequence_index)

@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import multidevice_worker as worker
 from helpers import tiny_config, tiny_model
-from specdec_jax import sharding
+from specdec_jax.models import sharding
 from specdec_jax.distill import OptimizerSettings, init_train_state
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

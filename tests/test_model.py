@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_model
-from specdec_jax.model import (
+from specdec_jax.models.model import (
     ModelConfig,
     forward,
     init_cache,

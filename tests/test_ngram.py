@@ -14,9 +14,9 @@ import pytest
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
 from specdec_jax.loading import ByteTokenizer, load_draft
-from specdec_jax import ngram
-from specdec_jax.ngram import NgramDraft, propose
-from specdec_jax.verify import block_verify, verify
+from specdec_jax.drafts import ngram
+from specdec_jax.drafts.ngram import NgramDraft, propose
+from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import (assert_naive_verifier_fails, exact_sequence_probs, sample_sequences,
                             sequence_index)
 

@@ -13,7 +13,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specdec_jax import data, prompt_sets
+from specdec_jax.io import data
+
+from specdec_jax.bench import prompt_sets
 from specdec_jax.loading import ByteTokenizer
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -209,7 +211,7 @@ def test_sweep_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
   """The tiny sweep over the 4-prompt set: each prompt timed alone, α and speedup per
   domain and overall in results.json; the pooled grid row agrees with the per-prompt α."""
   from configs import sweep_tiny
-  from specdec_jax import sweep
+  from specdec_jax.bench import sweep
   path, prompts = tiny_set
   c = sweep_tiny.get_config()
   c.drafts = (("trunc2", "truncate:2"),)

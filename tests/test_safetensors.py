@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from helpers import noise_params
 from specdec_jax.io.safetensors import export_hf, load_hf, to_hf_tensors
-from specdec_jax.model import ModelConfig, forward, init_cache, init_params
+from specdec_jax.models.model import ModelConfig, forward, init_cache, init_params
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 REF_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -13,7 +13,7 @@ from specdec_jax import (
     init_cache,
     speculative_generate,
 )
-from specdec_jax import speculative as spec
+from specdec_jax.decoding import speculative as spec
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]

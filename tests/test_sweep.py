@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from configs import sweep_tiny
-from specdec_jax import studies, sweep
-from specdec_jax.speculative import GenerationResult
+from specdec_jax.bench import studies, sweep
+from specdec_jax.decoding.speculative import GenerationResult
 
 
 def small_config():

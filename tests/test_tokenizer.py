@@ -1,4 +1,4 @@
-"""specdec_jax.tokenizer: ids against transformers' tokenizer, round trips, ChatML, identity."""
+"""specdec_jax.io.tokenizer: ids against transformers' tokenizer, round trips, ChatML, identity."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from specdec_jax.io.gguf import smollm2_path
-from specdec_jax.tokenizer import Tokenizer, check_same_vocab, vocab_identity
+from specdec_jax.io.tokenizer import Tokenizer, check_same_vocab, vocab_identity
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "smollm2_golden.json")
 with open(GOLDEN) as _f:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, data, speculative_generate
+from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from specdec_jax.io import data
 from specdec_jax import distill
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer

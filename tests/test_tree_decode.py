@@ -20,11 +20,11 @@ import pytest
 import helpers
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax import speculative as spec
-from specdec_jax.model import forward, init_cache
-from specdec_jax.ngram import HybridDraft, NgramDraft
-from specdec_jax.tree_decode import tree_step_fn
-from specdec_jax.tree_shapes import TreeShape
+from specdec_jax.decoding import speculative as spec
+from specdec_jax.models.model import forward, init_cache
+from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
+from specdec_jax.decoding.tree_decode import tree_step_fn
+from specdec_jax.verification.tree_shapes import TreeShape
 
 GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 0], [7], [3, 1, 4, 1]]
@@ -237,7 +237,7 @@ def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, k
 def test_negative_control_without_residual_fails(law_pair, monkeypatch):
   """Keeping p after a rejection (no residual) must fail the same test: it has the power."""
   import functools
-  from specdec_jax import tree_decode
+  from specdec_jax.decoding import tree_decode
   monkeypatch.setattr(tree_decode, "tree_verify", functools.partial(
       tree_decode.tree_verify, residual_fn=lambda p, q: p))
   jax.clear_caches()  # the loop compiled by the exact test above would hide the patch
@@ -295,7 +295,7 @@ def test_dynamic_tree_needs_topk_and_a_model_draft(model_pair, kind, rule):
 
 def test_select_nodes_takes_the_likeliest_and_their_ancestors():
   """Largest log path probability first; a tie goes to the lower index (a parent)."""
-  from specdec_jax.tree_decode import select_nodes
+  from specdec_jax.decoding.tree_decode import select_nodes
   shape = TreeShape.from_branching((2, 2)).with_budget(3)  # nodes 2, 3 below 0
   scores = jnp.array([[-0.1, -2.0, -0.1, -0.5, -3.0, -3.0],
                       [-1.0, -0.2, -5.0, -6.0, -0.9, -0.3]])

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from specdec_jax.tree_shapes import (TreeShape, best_first, expected_tokens, parse_tree,
+from specdec_jax.verification.tree_shapes import (TreeShape, best_first, expected_tokens, parse_tree,
                                      paths_string)
 
 # a[d-1, r]: acceptance by depth and child rank, falling with rank (a measured table's form)

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue
-from specdec_jax.tree_shapes import TreeShape
-from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verification_terms, tree_verify
-from specdec_jax.verify import residual_distribution, verify
+from specdec_jax.verification.tree_shapes import TreeShape
+from specdec_jax.verification.tree_verify import TREE_VERIFIERS, tree_verification_terms, tree_verify
+from specdec_jax.verification.verify import residual_distribution, verify
 
 V = 3
 ROWS = 20_000

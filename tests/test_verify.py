@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from helpers import SIGNIFICANCE, chi_square_pvalue
-from specdec_jax.sampling import warp
-from specdec_jax.verify import (acceptance_probability, block_verify, greedy_verify,
+from specdec_jax.models.sampling import warp
+from specdec_jax.verification.verify import (acceptance_probability, block_verify, greedy_verify,
                                 residual_distribution, verify)
 
 P = np.array([0.2, 0.5, 0.3], np.float32)

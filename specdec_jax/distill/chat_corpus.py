@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from specdec_jax.io.atomic import atomic_write_json
-from specdec_jax.model import ModelConfig
+from specdec_jax.models.model import ModelConfig
 
 INSTRUCTIONS = "configs/prompts/train_instructions.json"
 MAX_SAMPLES = 1024  # samples per instruction; row id = instruction * MAX_SAMPLES + sample
@@ -78,8 +78,8 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
                          ) -> dict[str, np.ndarray]:
   """{'chat-<i>': int32 tokens of instruction i's samples} (see the module docstring),
   generating (or resuming, or reusing) the cached answers."""
-  from specdec_jax.sampling import SamplingConfig
-  from specdec_jax.speculative import autoregressive_generate
+  from specdec_jax.models.sampling import SamplingConfig
+  from specdec_jax.decoding.speculative import autoregressive_generate
   for name, value in (("samples", samples), ("max_new_tokens", max_new_tokens),
                       ("batch_size", batch_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.sampling import warp
+from specdec_jax.models.sampling import warp
 
 Array = jax.Array
 

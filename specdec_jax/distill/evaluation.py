@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.distill.step import _common_vocab, commit, full_logits
-from specdec_jax.model import ModelConfig, forward, init_cache, unrolled_feature_logits
-from specdec_jax.sampling import warp
+from specdec_jax.models.model import ModelConfig, forward, init_cache, unrolled_feature_logits
+from specdec_jax.models.sampling import warp
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import data
+from specdec_jax.io import data
 from specdec_jax.distill.divergences import training_temperature
 from specdec_jax.io.atomic import atomic_write_json
-from specdec_jax.model import ModelConfig, forward, init_cache
+from specdec_jax.models.model import ModelConfig, forward, init_cache
 
 _ARRAYS = ("tokens", "features", "target_logp", "target_argmax")
 

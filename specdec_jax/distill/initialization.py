@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.io import checkpoint as ckpt_lib
-from specdec_jax.model import ModelConfig, param_shapes
+from specdec_jax.models.model import ModelConfig, param_shapes
 
 Array = jax.Array
 PyTree = Any

@@ -25,7 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import data, loading, sharding
+from specdec_jax import loading
+
+from specdec_jax.io import data
+
+from specdec_jax.models import sharding
 from specdec_jax.distill import chat_corpus
 from specdec_jax.distill.evaluation import evaluate
 from specdec_jax.distill.feature_cache import build_feature_cache
@@ -38,7 +42,7 @@ from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import command_line, git_state
 from specdec_jax.io.machine import machine_stamp
-from specdec_jax.model import ModelConfig, param_count, param_shapes
+from specdec_jax.models.model import ModelConfig, param_count, param_shapes
 
 Array = jax.Array
 PyTree = Any

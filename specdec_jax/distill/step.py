@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from specdec_jax import sharding
+from specdec_jax.models import sharding
 from specdec_jax.distill.divergences import LOSSES, logit_divergences, subset_divergences
-from specdec_jax.model import ModelConfig, forward, init_cache, unrolled_feature_logits
-from specdec_jax.sampling import sample, warp
+from specdec_jax.models.model import ModelConfig, forward, init_cache, unrolled_feature_logits
+from specdec_jax.models.sampling import sample, warp
 
 Array = jax.Array
 PyTree = Any

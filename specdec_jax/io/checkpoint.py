@@ -35,7 +35,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from specdec_jax.io.atomic import atomic_write_json
-from specdec_jax.model import ModelConfig, init_params
+from specdec_jax.models.model import ModelConfig, init_params
 
 PyTree = Any
 IDENTITY_KEYS = ("draft_config", "tokenizer", "target")

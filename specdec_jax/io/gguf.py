@@ -1,6 +1,6 @@
 """Load a llama.cpp GGUF file (Llama or Qwen2 architecture) into our param tree.
 
-Einsum letters as in `specdec_jax.model`: L layers, D model width, F MLP width,
+Einsum letters as in `specdec_jax.models.model`: L layers, D model width, F MLP width,
 N query heads, K kv heads, H head dim, V vocabulary.
 
 GGUF tensors, once dequantized with `gguf.quants.dequantize`, are numpy arrays
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from specdec_jax.model import ModelConfig, init_params
+from specdec_jax.models.model import ModelConfig, init_params
 
 SUPPORTED_ARCHS = ("llama", "qwen2")
 _NP_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}

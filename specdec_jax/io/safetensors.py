@@ -1,6 +1,6 @@
 """Hugging Face Llama / Qwen2 checkpoints (config.json + *.safetensors) <-> our param tree.
 
-Einsum letters as in `specdec_jax.model`. HF stores `nn.Linear` weights (out, in):
+Einsum letters as in `specdec_jax.models.model`. HF stores `nn.Linear` weights (out, in):
 
     model.embed_tokens.weight                 [V,D]    <-> embed [V,D]
     model.layers.i.self_attn.q_proj.weight    [N*H,D]  <-> layers.q [L,D,N,H]
@@ -32,7 +32,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from specdec_jax.io.gguf import check_param_shapes
-from specdec_jax.model import ModelConfig
+from specdec_jax.models.model import ModelConfig
 
 SUPPORTED_ARCHS = ("llama", "qwen2")
 _ARCH_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -32,11 +32,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import adaptive, ngram
-from specdec_jax.arguments import FEATURE_LAG
-from specdec_jax.drafting import feature_part
-from specdec_jax.model import forward, init_cache, unrolled_feature_logits
-from specdec_jax.sampling import SamplingConfig
+from specdec_jax.gamma import adaptive
+
+from specdec_jax.drafts import ngram
+from specdec_jax.decoding.arguments import FEATURE_LAG
+from specdec_jax.drafts.drafting import feature_part
+from specdec_jax.models.model import forward, init_cache, unrolled_feature_logits
+from specdec_jax.models.sampling import SamplingConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +76,7 @@ def greedy_trace(target_params, target_config, draft_params, draft_config, promp
                  max_new_tokens: int, depth: int, vocab_size: int | None = None
                  ) -> GreedyTrace:
   """The trace of one prompt (token ids) for a feature or hybrid draft (module docstring)."""
-  from specdec_jax.speculative import autoregressive_generate
+  from specdec_jax.decoding.speculative import autoregressive_generate
 
   feature = feature_part(draft_config)
   if feature is None:

@@ -18,11 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import adaptive
-from specdec_jax.drafting import DraftConfig, feature_part
-from specdec_jax.model import ModelConfig
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.verify import block_verify, verify
+from specdec_jax.gamma import adaptive
+from specdec_jax.drafts.drafting import DraftConfig, feature_part
+from specdec_jax.models.model import ModelConfig
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.verification.verify import block_verify, verify
 
 Array = jax.Array
 # (xs, qs, ps, keys) -> (tokens, n), and the keyword num_proposed where rows may propose
@@ -161,7 +161,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
   """
   cost_array = None
   if tree is not None:
-    from specdec_jax import tree_decode  # it imports `speculative`, which imports this
+    from specdec_jax.decoding import tree_decode  # it imports `speculative`, which imports this
     if gamma == "auto":
       raise ValueError(f"gamma='auto' cannot be combined with a token tree (tree={tree!r}); "
                        f"a tree drafts its fixed N nodes every step")
@@ -173,7 +173,7 @@ def prepare_generate(prompts, *, target_config: ModelConfig, draft_config: Draft
     _check_positive_int("gamma_max", gamma)
     if not isinstance(costs, adaptive.CostTable):
       raise ValueError(f"gamma='auto' needs a cost table (adaptive.CostTable; the scripts "
-                       f"measure one with specdec_jax.machine_costs), got {type(costs).__name__}")
+                       f"measure one with specdec_jax.gamma.machine_costs), got {type(costs).__name__}")
     cost_array = costs.loop_costs(gamma)
   elif costs is not None:
     raise ValueError(f"a cost table is used with gamma='auto' only, got gamma={gamma!r}")

@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import adaptive
-from specdec_jax.model import ModelConfig, forward, init_cache
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.gamma import adaptive
+from specdec_jax.models.model import ModelConfig, forward, init_cache
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
 
 # side_by_side_per_prompt pads each prompt to a multiple of this many tokens.
 PROMPT_BUCKET = 32
@@ -235,7 +235,7 @@ def side_by_side_per_prompt(target_params, target_config: ModelConfig, draft_par
   domains=`prompt_sets.domain_summary` rows: speedup as a geometric mean with the
   t-interval of the mean log-ratio, α and acceptance as means with t-intervals).
   """
-  from specdec_jax import prompt_sets
+  from specdec_jax.bench import prompt_sets
   ids = [str(i) for i in range(len(prompts))] if ids is None else list(ids)
   if not len(prompts) == len(domains) == len(ids):
     raise ValueError(f"need one domain and id per prompt: {len(prompts)} prompts, "

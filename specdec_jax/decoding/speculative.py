@@ -90,19 +90,23 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import adaptive, ngram, sharding
-from specdec_jax.arguments import (DEFAULT_VERIFIER, FEATURE_LAG, VERIFIERS,  # noqa: F401
+from specdec_jax.gamma import adaptive
+
+from specdec_jax.drafts import ngram
+
+from specdec_jax.models import sharding
+from specdec_jax.decoding.arguments import (DEFAULT_VERIFIER, FEATURE_LAG, VERIFIERS,  # noqa: F401
                                    GenerateArgs, Verifier, _check_params, _check_positive_int,
                                    _row_keys, check_feature_draft, feature_lag,
                                    prepare_generate, prepare_prompts, resolve_verifier,
                                    resolve_vocab)
-from specdec_jax.drafting import (DRAFT_FNS, DraftConfig, feature_part, pending_tokens,
+from specdec_jax.drafts.drafting import (DRAFT_FNS, DraftConfig, feature_part, pending_tokens,
                                   with_length)
-from specdec_jax.model import ModelConfig, forward, init_cache
-from specdec_jax.results import GenerationResult, reached_positions  # noqa: F401
-from specdec_jax.results import finish as _finish
-from specdec_jax.sampling import SamplingConfig, sample, warp
-from specdec_jax.verify import (acceptance_probability, block_verify, greedy_verify,
+from specdec_jax.models.model import ModelConfig, forward, init_cache
+from specdec_jax.decoding.results import GenerationResult, reached_positions  # noqa: F401
+from specdec_jax.decoding.results import finish as _finish
+from specdec_jax.models.sampling import SamplingConfig, sample, warp
+from specdec_jax.verification.verify import (acceptance_probability, block_verify, greedy_verify,
                                 valid_proposals)
 
 Array = jax.Array
@@ -486,7 +490,7 @@ def run_steps(target_params, draft_params, state: DecodeState, *,
   if draft_config is None:
     body = functools.partial(autoregressive_step_fn, target_params, **common)
   elif tree is not None:
-    from specdec_jax import tree_decode  # it imports this module
+    from specdec_jax.decoding import tree_decode  # it imports this module
     body = functools.partial(tree_decode.tree_step_fn, target_params, draft_params,
                              draft_config=draft_config, shape=tree, rule=tree_rule, **common)
     costs = None  # one width

@@ -45,9 +45,9 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_jax import studies
-from specdec_jax.adaptive import CostTable
-from specdec_jax.arguments import FEATURE_LAG
+from specdec_jax.bench import studies
+from specdec_jax.gamma.adaptive import CostTable
+from specdec_jax.decoding.arguments import FEATURE_LAG
 from specdec_jax.io import machine
 from specdec_jax.io.atomic import atomic_write_json
 
@@ -126,7 +126,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   import jax
   import jax.numpy as jnp
 
-  from specdec_jax import speculative
+  from specdec_jax.decoding import speculative
 
   placeholder = CostTable(c=None, verify_costs=None, step_costs=(1.0,) * (gamma_max + 1))
   vocab = speculative.resolve_vocab(target_config, draft_config, None)
@@ -307,7 +307,7 @@ def gamma_arguments(config, pair, *, directory: str | os.PathLike,
   α = `adaptive.PAYS_AT_ALPHA` (one line says so: decode with autoregressive_generate).
   prompt_width: the width the run pads its prompts to, if any (where a table is measured,
   its steps are timed in the run's own loop: `table_for`)."""
-  from specdec_jax.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
+  from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
 
   gamma = parse_gamma(config.gamma)
   if gamma != "auto":

@@ -21,9 +21,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specdec_jax import ngram
-from specdec_jax.model import ModelConfig, forward
-from specdec_jax.sampling import sample
+from specdec_jax.drafts import ngram
+from specdec_jax.models.model import ModelConfig, forward
+from specdec_jax.models.sampling import sample
 
 Array = jax.Array
 # ModelConfig.kind 'model' | 'feature'; 'ngram'; 'hybrid' (lookup + a feature draft)

@@ -40,12 +40,14 @@ import flax
 import jax
 import numpy as np
 
-from specdec_jax import loading, prompt_sets, studies
+from specdec_jax import loading
+
+from specdec_jax.bench import prompt_sets, studies
 from specdec_jax.loading import Models
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import git_state, machine_stamp
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.speculative import (DEFAULT_VERIFIER, GenerationResult,
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import (DEFAULT_VERIFIER, GenerationResult,
                                      autoregressive_generate, reached_positions,
                                      speculative_generate)
 
@@ -79,7 +81,7 @@ def heldout_prompts(tokenizer, corpus: str, *, num: int, prompt_tokens: int,
                     seed: int = 0) -> list[list[int]]:
   """`num` prompts of exactly `prompt_tokens` tokens, each starting at a line of a
   held-out document (the same document split as distillation: data.split_documents)."""
-  from specdec_jax import data
+  from specdec_jax.io import data
   _, held = data.split_documents(data.load_documents(corpus), heldout_fraction, seed=split_seed)
   rng = np.random.default_rng(seed)
   out = []

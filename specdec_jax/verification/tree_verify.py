@@ -53,9 +53,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.sampling import sample
-from specdec_jax.tree_shapes import TreeShape
-from specdec_jax.verify import residual_distribution, valid_proposals
+from specdec_jax.models.sampling import sample
+from specdec_jax.verification.tree_shapes import TreeShape
+from specdec_jax.verification.verify import residual_distribution, valid_proposals
 
 Array = jax.Array
 

@@ -64,12 +64,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import ngram
-from specdec_jax.drafting import feature_part, pending_tokens, with_length
-from specdec_jax.model import ModelConfig, forward
-from specdec_jax.sampling import SamplingConfig, sample
-from specdec_jax.tree_shapes import TreeShape
-from specdec_jax.tree_verify import TREE_VERIFIERS, tree_verify
+from specdec_jax.drafts import ngram
+from specdec_jax.drafts.drafting import feature_part, pending_tokens, with_length
+from specdec_jax.models.model import ModelConfig, forward
+from specdec_jax.models.sampling import SamplingConfig, sample
+from specdec_jax.verification.tree_shapes import TreeShape
+from specdec_jax.verification.tree_verify import TREE_VERIFIERS, tree_verify
 
 Array = jax.Array
 TREE_DRAFT_KINDS = ("model", "feature", "ngram", "hybrid")
@@ -278,7 +278,7 @@ def tree_step_fn(target_params, draft_params, state, *, target_config: ModelConf
   Not jitted; `speculative.decode_loop` runs it as its loop body when given a tree. The
   state must come from `init_state` with gamma >= N (module docstring, "State widths").
   """
-  from specdec_jax import speculative as spec  # the loop imports this module lazily
+  from specdec_jax.decoding import speculative as spec  # the loop imports this module lazily
   check_tree(shape, rule, draft_config, vocab_size)
   warp_fn = functools.partial(spec._warp_vocab, vocab=vocab_size,
                               temperature=sampling.temperature, top_k=sampling.top_k,

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 if TYPE_CHECKING:
-  from specdec_jax.model import ModelConfig
+  from specdec_jax.models.model import ModelConfig
 
 Array = jax.Array
 

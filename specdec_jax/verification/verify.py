@@ -51,7 +51,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from specdec_jax.sampling import sample
+from specdec_jax.models.sampling import sample
 
 Array = jax.Array
 

@@ -28,10 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax import sharding
-from specdec_jax.model import ModelConfig
-from specdec_jax.sampling import SamplingConfig
-from specdec_jax.speculative import (
+from specdec_jax.models import sharding
+from specdec_jax.models.model import ModelConfig
+from specdec_jax.models.sampling import SamplingConfig
+from specdec_jax.decoding.speculative import (
     DecodeState,
     DraftConfig,
     GenerationResult,

@@ -1,0 +1,1 @@
+"""Studies: benchmark runs, the reproducible sweep, prompt sets and the timing harness."""

@@ -1,0 +1,1 @@
+"""Decoding: the static decode spec, the state, the step, the loops and their entry points."""

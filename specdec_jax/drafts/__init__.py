@@ -1,0 +1,1 @@
+"""Drafts: every draft kind behind one interface, and the prompt lookup."""

@@ -1,0 +1,1 @@
+"""Models: the Flax decoder and its KV cache, sampling (the one warp), device meshes."""

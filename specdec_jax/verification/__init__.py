@@ -1,0 +1,1 @@
+"""Verification: token-wise and block verifiers, token-tree shapes and tree verification."""
