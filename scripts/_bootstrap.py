@@ -9,7 +9,8 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 USAGE_ERROR = 2  # the exit status of a run stopped by bad input (as argparse uses)
-_OWN_CODE = tuple(os.path.join(ROOT, d) + os.sep for d in ("specdec_jax", "scripts", "configs"))
+_OWN_CODE = tuple(os.path.join(ROOT, d) + os.sep
+                  for d in ("specdec_jax", "scripts", "configs", "tools"))
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -22,7 +22,6 @@ check it restores. --report_out also copies the run's report.json (for `make dis
 docs/results/distill_shipped.json, the results page's α-vs-training curve).
 """
 
-import hashlib
 import json
 import pathlib
 import re
@@ -32,7 +31,7 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 
 from specdec_jax.io import checkpoint as ckpt_lib
-from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.atomic import atomic_write_json, file_sha256
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A scripts/distill.py workdir.")
 _OUT = flags.DEFINE_string("out", None, "The directory to write (replaced if it exists).")
@@ -56,14 +55,6 @@ def alpha_table(measures: dict) -> dict:
       row = table.setdefault(m["set"] or "all", {}).setdefault(f"t{m['t']}", {})
       row[f"d{m['d'] or 1}"] = round(float(value), 4)
   return table
-
-
-def file_sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def target_file(target: str) -> str | None:

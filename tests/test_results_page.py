@@ -1,5 +1,5 @@
 """docs/results.md and the README's "What to expect" block are generated from the stamped
-result JSON of docs/results/ (specdec_jax/results_page.py); no jax needed."""
+result JSON of docs/results/ (tools/results_page.py); no jax needed."""
 
 import copy
 import io
@@ -8,14 +8,14 @@ import pathlib
 
 import pytest
 
-from specdec_jax import results_page
+from tools import results_format, results_page
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 STAMP = dict(cpu="AMD EPYC", isa=["avx", "fma"], cores=2, memory_gb=23.5, os="Linux-6-x86_64",
              devices=[dict(platform="cpu", kind="cpu", count=1)], accelerator=None,
              python="3.11.7", jax="0.10.2", jaxlib="0.10.2", git_commit="ab12cd3" + "0" * 33,
-             git_dirty=True, date_utc="2026-11-30T18:00:00Z",
+             git_dirty=False, date_utc="2026-11-30T18:00:00Z",
              command="python scripts/benchmark.py --config=configs/tiny.py --gammas=1,2 "
                      "--out=docs/results/benchmark_tiny.json")
 ROW = dict(gamma=1, verifier="block", ar_tokens_per_s=100.0, sd_tokens_per_s=150.0, speedup=1.5,
@@ -47,7 +47,7 @@ def test_every_result_file_has_a_stamp_and_a_section():
   for s in results_page.SECTIONS:
     path = REPO / results_page.RESULTS_DIR / s.path
     if path.exists():
-      stamp = results_page.stamp_of(json.loads(path.read_text()))
+      stamp = results_format.stamp_of(json.loads(path.read_text()))
       assert stamp["command"].startswith("python ") and stamp["cpu"] and stamp["git_commit"]
 
 
@@ -57,9 +57,9 @@ def test_page_names_command_machine_and_commit(tmp_path):
   page, readme = files[results_page.PAGE], files[results_page.README]
   assert f"- Command: `{STAMP['command']}`" in page
   assert "AMD EPYC; 2 cores; ISA avx, fma" in page
-  assert "commit ab12cd3 (uncommitted changes)" in page
+  assert "commit ab12cd3; jax 0.10.2" in page
   assert "| 2 | block | 100.0 | 150.0 | **1.25x** |" in page
-  assert "| AMD EPYC, 2 cores, AVX, no AVX2 | ab12cd3 (uncommitted changes) |" in readme
+  assert "| AMD EPYC, 2 cores, AVX, no AVX2 | ab12cd3 |" in readme
   assert "1.25x at the config's γ = 2; best 1.50x at γ = 1" in readme
   assert readme.startswith("# x\n\n") and readme.endswith(f"{results_page.END}\n\nafter\n")
   assert "Not measured yet: `python scripts/measure_results.py --only=smollm2`" in page
@@ -297,3 +297,58 @@ def test_tree_study_table_and_headline(tmp_path):
   assert ("T = 0: best tree's tokens per target call over the best chain's | 1.25x (tree "
           "3x2x1 topk: 2.00 [1.90, 2.10]; chain 4: 1.60 [1.50, 1.70])") in readme
   assert "T = 1: best tree" not in readme  # no tree at T = 1
+
+
+def test_readme_quotes_only_figures_of_a_clean_commit(tmp_path):
+  """A file measured with uncommitted changes (or at an unknown commit) gives no README row;
+  the README says why, and docs/results.md still shows its table, marked."""
+  dirty = dict(BENCHMARK, stamp=dict(STAMP, git_dirty=True))
+  unknown = dict(BENCHMARK, stamp=dict(STAMP, git_commit=None, git_dirty=None))
+  page, readme = rendered(tmp_path, {"benchmark_tiny.json": BENCHMARK,
+                                     "benchmark_smollm2_t1.json": dirty,
+                                     "benchmark_prompt_lookup_smollm2.json": unknown})
+  rows = [line for line in readme.splitlines() if line.startswith("| ")]
+  assert [r for r in rows if "#tiny" in r] and not [r for r in rows if "(uncommitted" in r]
+  assert not [r for r in rows if "#smollm2-t1" in r or "#prompt-lookup" in r]
+  assert "Left out: the table quotes only figures measured on a clean commit." in readme
+  assert ("- [SmolLM2-135M with the config's draft at fixed γ, temperature 1]"
+          "(docs/results.md#smollm2-t1): measured at ab12cd3 with uncommitted changes") in readme
+  assert "(docs/results.md#prompt-lookup): measured at an unknown commit" in readme
+  assert "commit ab12cd3 (uncommitted changes)" in page
+  assert "- Not quoted in the README: measured at ab12cd3 with uncommitted changes." in page
+  assert page.count("| 2 | block | 100.0 | 150.0 | **1.25x** |") == 3  # every table kept
+  # the re-timed costs a tree study's README rows quote must be clean too
+  trees = dict(TREES, costs_stamp=dict(STAMP, git_commit="ef56" + "0" * 36, git_dirty=True))
+  _, readme = rendered(tmp_path, {"tree_tokens_per_call.json": trees})
+  assert "(docs/results.md#trees): measured at ef56000 with uncommitted changes" in readme
+  assert "T = 0: best tree" not in readme
+
+
+def test_tree_tables_hold_one_machine_each(tmp_path):
+  """Tokens per call counted on one CPU kind and v(k), c timed on another are never one
+  table: each machine's rows get their own labelled table, the prediction only where the
+  same machine timed the costs; the README quotes the file's machine alone."""
+  avx512 = dict(STAMP, isa=["avx", "avx2", "fma", "avx512f"], git_commit="ef56" + "0" * 36)
+  dynamic = dict(config="dynamic 4 of best-first 8", kind="tree", nodes=4, depth=3.0,
+                 rule="topk", temperature=0.0, tokens_per_call=2.5, ci95=[2.4, 2.6],
+                 predicted_speedup=1.3, candidates=8, stamp=avx512)
+  doc = dict(TREES, rows=TREES["rows"] + [dynamic], costs_stamp=avx512)
+  page, readme = rendered(tmp_path, {"tree_tokens_per_call.json": doc})
+  assert ("Counted on AMD EPYC, 2 cores, AVX, no AVX2, at ab12cd3; no v(N+1) or "
+          "predicted speedup: v(k) and c were timed on another machine (AMD EPYC, 2 cores, "
+          "AVX-512)") in page
+  assert "| tree 3x2x1 | 15 | 3 | topk | 0 | 2.00 [1.90, 2.10] | 2.05 |\n" in page
+  assert "Counted on AMD EPYC, 2 cores, AVX-512, at ef56000." in page
+  assert "| dynamic 4 of best-first 8 | 4 | 3.0 | topk | 0 | 2.50 [2.40, 2.60] | – | 1.40 | " \
+      "1.30x |" in page
+  assert "The v(k) timed: v(2) = 1.30, v(4) = 1.30, v(5) = 1.40, v(16) = 2.10." in page
+  tables = [block for block in page.split("\n\n") if block.startswith("| shape |")]
+  assert len(tables) == 2
+  assert "predicted speedup" not in readme  # tokens from one machine, costs from another
+  assert ("T = 0: best tree's tokens per target call over the best chain's | 1.25x (tree "
+          "3x2x1 topk: 2.00 [1.90, 2.10]; chain 4: 1.60 [1.50, 1.70])") in readme
+  # one machine throughout: one table, with the prediction, as before
+  page, _ = rendered(tmp_path, {"tree_tokens_per_call.json": dict(
+      doc, rows=TREES["rows"] + [dict(dynamic, stamp=STAMP)], costs_stamp=STAMP)})
+  assert "Counted on" not in page and "| dynamic 4 of best-first 8 |" in page
+  assert len([b for b in page.split("\n\n") if b.startswith("| shape |")]) == 1

@@ -2,11 +2,13 @@
 
 A reader sees the old file or the new one, never a prefix of the new one; a write that
 fails or is interrupted leaves no temporary file behind (a SIGKILL may leave one, named
-`.<name>.*.tmp`, which nothing reads).
+`.<name>.*.tmp`, which nothing reads). `file_sha256` is the one hash of a file's bytes.
+Standard library only: scripts outside the project's venv load this file by its path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -38,3 +40,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
   """json.dumps(obj, indent=1, **dump_kw) + a newline, atomically."""
   atomic_write_text(path, json.dumps(obj, indent=1, **dump_kw) + "\n")
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+  """The sha256 hex digest of a file's bytes, read `chunk` bytes at a time."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(chunk), b""):
+      h.update(block)
+  return h.hexdigest()

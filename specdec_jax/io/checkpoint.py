@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.atomic import atomic_write_json, file_sha256
 from specdec_jax.models.model import ModelConfig, init_params
 
 PyTree = Any
@@ -204,7 +204,7 @@ _MODEL_JSON = "model.json"
 def files_checksums(directory: str | os.PathLike) -> dict[str, str]:
   """{relative path: sha256 hex} of every file under `directory`, sorted by path."""
   directory = pathlib.Path(directory)
-  return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+  return {p.relative_to(directory).as_posix(): file_sha256(p)
           for p in sorted(directory.rglob("*")) if p.is_file()}
 
 

@@ -1,4 +1,5 @@
-"""The prompt-set and distillation-curve sections of docs/results.md (`results_page`).
+"""The prompt-set, distillation-curve, token-tree and γ-rule sections of docs/results.md
+(`results_page` puts them on the page).
 
   prompt_set     scripts/benchmark.py --config=configs/heldout_smollm2.py --out: {'stamp',
                  'meta', 'rows': [one per γ, verifier, each with 'prompts' and 'domains']}
@@ -15,33 +16,10 @@ as '–' or is left out, never an error.
 
 from __future__ import annotations
 
-import math
 import re
 
-ALL = "all"  # the overall row of a prompt set's domains; the unprefixed α of a report
-
-
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-  """A Markdown table."""
-  return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-          + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def num(x, fmt: str) -> str:
-  """x formatted, or '–' when missing (None or NaN)."""
-  if x is None or (isinstance(x, float) and math.isnan(x)):
-    return "–"
-  return format(x, fmt)
-
-
-def with_interval(row: dict, name: str, fmt: str, suffix: str = "") -> str:
-  """'0.88x [0.84, 0.93]' from row[name], row[name_lo], row[name_hi] (bounds optional)."""
-  est = num(row.get(name), fmt)
-  if est == "–":
-    return est
-  lo, hi = num(row.get(f"{name}_lo"), fmt), num(row.get(f"{name}_hi"), fmt)
-  bounds = f" [{lo}, {hi}]" if "–" not in (lo, hi) else ""
-  return f"{est}{suffix}{bounds}"
+from tools.results_format import (ALL, commit_short, costs_stamp, machine_groups, machine_of,
+                                  machine_short, num, stamp_of, table, with_interval)
 
 
 # --------------------------------------------------------------------------- prompt sets
@@ -287,24 +265,46 @@ def _tree_cell(row: dict) -> str:
   return est if low is None else f"{est} [{num(low, '.2f')}, {num(high, '.2f')}]"
 
 
+def _tree_rows(rows: list[dict], costs: dict, timed: bool) -> list[str]:
+  """One table of chains and trees; v(N+1) and the prediction only where `timed` (the rows
+  were counted on the machine that timed the costs)."""
+  header = ["shape", "nodes N", "depth D", "rule", "T", "tokens per target call [95%]",
+            "rank model"] + (["v(N+1)", "predicted speedup"] if timed else [])
+  body = []
+  for r in rows:
+    row = [r["config"], str(r["nodes"]), str(r["depth"]), r["rule"], f"{r['temperature']:g}",
+           _tree_cell(r), num(r.get("model_tokens_per_call"), ".2f")]
+    if timed:
+      speedup = r.get("predicted_speedup")
+      row += [num(costs.get("v", {}).get(str(r["nodes"] + 1)), ".2f"),
+              num(speedup, ".2f") + ("x" if speedup else "")]
+    body.append(row)
+  return table(header, body)
+
+
 def tree_table(doc: dict) -> list[str]:
   """Tokens per target call (95% interval over prompts), the rank model's prediction at
-  T = 0 and the predicted speedup from this machine's v(N+1) and c, per chain or tree,
-  rule and temperature; then the rank table a[d, r] the best-first trees come from."""
+  T = 0 and the predicted speedup from v(N+1) and c, per chain or tree, rule and
+  temperature, one table per machine that counted them (the prediction only beside rows
+  of the machine that timed v and c); then the rank table a[d, r] the best-first trees
+  come from."""
   meta, costs = doc.get("meta", {}), doc.get("costs", {})
+  top, timer = stamp_of(doc), costs_stamp(doc)
   lines = [f"Prompt set `{meta.get('prompt_set', '?')}` ({meta.get('prompts', '?')} prompts "
            f"in one batch), {meta.get('max_new_tokens', '?')} new tokens, draft "
-           f"`{meta.get('draft', '?')}` alone (no lookup), seed {meta.get('seed', '?')}.", ""]
-  rows = []
-  for r in doc.get("rows", []):
-    rows.append([r["config"], str(r["nodes"]), str(r["depth"]), r["rule"],
-                 f"{r['temperature']:g}", _tree_cell(r),
-                 num(r.get("model_tokens_per_call"), ".2f"),
-                 num(costs.get("v", {}).get(str(r["nodes"] + 1)), ".2f"),
-                 num(r.get("predicted_speedup"), ".2f") + ("x" if r.get("predicted_speedup")
-                                                            else "")])
-  lines += table(["shape", "nodes N", "depth D", "rule", "T", "tokens per target call [95%]",
-                  "rank model", "v(N+1)", "predicted speedup"], rows)
+           f"`{meta.get('draft', '?')}` alone (no lookup), seed {meta.get('seed', '?')}."]
+  groups = machine_groups(doc)
+  untimed = [s for s, _ in groups if machine_of(s) != machine_of(timer)]
+  split = len(groups) > 1 or bool(untimed)  # then each table names its machine
+  for stamp, rows in groups:
+    timed = machine_of(stamp) == machine_of(timer)
+    if split:
+      commits = ", ".join(dict.fromkeys(commit_short(r.get("stamp") or top) for r in rows))
+      lines += ["", f"Counted on {machine_short(stamp)}, at {commits}"
+                + ("." if timed else f"; no v(N+1) or predicted speedup: v(k) and c were "
+                   f"timed on another machine ({machine_short(timer)}), and one table "
+                   "holds one machine's figures.")]
+    lines += ["", *_tree_rows(rows, costs, timed)]
   best = [r for r in doc.get("rows", []) if r.get("paths") and r["config"].startswith("best")]
   if best:
     lines += ["", "Best-first trees (rank paths, `tree_shapes.parse_tree`; where two are given, "
@@ -321,8 +321,7 @@ def tree_table(doc: dict) -> list[str]:
               "deepest candidate, and D c undercounts their draft calls, which cover every "
               "candidate of a depth. Rows added by `tree_study.py --append` carry their own "
               "stamp (commit, command): "
-              + "; ".join(f"{r['config']}: {r['stamp']['git_commit'][:7]}"
-                          + (" (uncommitted changes)" if r["stamp"].get("git_dirty") else "")
+              + "; ".join(f"{r['config']}: {commit_short(r['stamp'])}"
                           for r in dynamic if r.get("stamp"))]
   ranks = doc.get("rank_table")
   if ranks:
@@ -334,49 +333,54 @@ def tree_table(doc: dict) -> list[str]:
     for d, row in enumerate(acc, 1):
       label = f"{d}+" if pooled_last and d == len(acc) else str(d)
       body.append([label] + [num(x, ".3f") for x in row])
+    where = f", counted on {machine_short(top)}" if split else ""
     lines += ["", f"Rank table a[d, r] = P(the target's token is the draft's rank-r choice at "
               f"depth d | depth d reached), T = 0, from a caterpillar probe tree "
               f"({probe.get('width', '?')} children per rank-0 node, depth "
               f"{probe.get('depth', '?')}; depths reached by fewer than "
-              f"{ranks.get('min_reached', '?')} steps pooled), over all prompts; depths "
+              f"{ranks.get('min_reached', '?')} steps pooled), over all prompts{where}; depths "
               f"reached: {ranks.get('reached')}.", ""]
     lines += table(header, body)
   if costs:
-    lines += ["", f"Predicted speedup{_costs_machine(doc)} = tokens per call / (v(N+1) + D c), c = "
+    lines += ["", f"Predicted speedup{_costs_note(doc)} = tokens per call / (v(N+1) + D c), c = "
               f"{num(costs.get('c'), '.3f')}, v(k) of the target at batch "
               f"{costs.get('batch', '?')}, context {costs.get('context', '?')}. Rank model = "
               f"`tree_shapes.expected_tokens` under the rank table."]
+    if untimed:
+      lines[-1] += (" The v(k) timed: " + ", ".join(
+          f"v({k}) = {num(x, '.2f')}" for k, x in costs.get("v", {}).items()) + ".")
   if doc.get("timing_note"):
     lines += ["", doc["timing_note"]]
   return lines
 
 
-def _costs_machine(doc: dict) -> str:
-  """' (timed on <machine>)' where v(k) and c were re-timed apart from the rows."""
-  from specdec_jax.results_page import isa_summary  # it imports this module
+def _costs_note(doc: dict) -> str:
+  """' (timed on <machine> at <commit>)' where v(k) and c were re-timed apart from the rows."""
   stamp = doc.get("costs_stamp")
-  if not stamp:
-    return ""
-  return (f" (timed on {stamp.get('cpu', '?')}, {isa_summary(stamp.get('isa', []))}, at "
-          f"{str(stamp.get('git_commit'))[:7]})")
+  return f" (timed on {machine_short(stamp)}, at {commit_short(stamp)})" if stamp else ""
 
 
 def tree_headline(title: str, doc: dict) -> list[tuple[str, str]]:
-  """The best tree's tokens per call over the best chain's, at each temperature."""
+  """The best tree's tokens per call over the best chain's, at each temperature, among the
+  rows counted on the file's machine; the same for the predicted speedup where that machine
+  also timed v and c."""
+  top = stamp_of(doc)
+  rows = [r for r in doc.get("rows", [])
+          if machine_of(r.get("stamp") or top) == machine_of(top)]
+  keys = [("tokens_per_call", "best tree's tokens per target call over the best chain's",
+           _tree_cell)]
+  if machine_of(costs_stamp(doc)) == machine_of(top):
+    keys.append(("predicted_speedup", "predicted speedup from v(N+1) and c, fastest tree "
+                 "over fastest chain", lambda r: f"{r['predicted_speedup']:.2f}x"))
   out = []
-  for t in sorted({r["temperature"] for r in doc.get("rows", [])}):
-    rows = [r for r in doc["rows"] if r["temperature"] == t]
-    chains = [r for r in rows if r["kind"] == "chain"]
-    trees = [r for r in rows if r["kind"] == "tree"]
+  for t in sorted({r["temperature"] for r in rows}):
+    at_t = [r for r in rows if r["temperature"] == t]
+    chains = [r for r in at_t if r["kind"] == "chain"]
+    trees = [r for r in at_t if r["kind"] == "tree"]
     if not chains or not trees:
       continue
-    for key, what, cell in (
-        ("tokens_per_call", "best tree's tokens per target call over the best chain's",
-         _tree_cell),
-        ("predicted_speedup", "predicted speedup from v(N+1) and c"
-         + _costs_machine(doc) + ", fastest tree over fastest chain",
-         lambda r: f"{r['predicted_speedup']:.2f}x")):
-      if not all(r.get(key) for r in rows):
+    for key, what, cell in keys:
+      if not all(r.get(key) for r in at_t):
         continue
       chain = max(chains, key=lambda r: r[key])
       tree = max(trees, key=lambda r: r[key])

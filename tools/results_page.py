@@ -1,15 +1,17 @@
 """docs/results.md, the README's "What to expect" block and their plots, from result JSON.
 
 Every figure the README and docs/results.md quote is generated here from a stamped
-result file under docs/results/ (`io.machine.machine_stamp()`: CPU, ISA flags, cores,
-memory, accelerator, jax/jaxlib, git commit and dirty flag, date, command line), so a
-figure always names its command, machine and commit. These kinds of file:
+result file under docs/results/ (`specdec_jax.io.machine.machine_stamp()`: CPU, ISA flags,
+cores, memory, accelerator, jax/jaxlib, git commit and dirty flag, date, command line), so
+a figure always names its command, machine and commit. The README quotes only figures
+measured on a clean commit (`left_out`), and a table holds one machine's figures
+(`results_format.machine_of`). These kinds of file:
 
   benchmark    scripts/benchmark.py --out: {'stamp', 'meta', 'rows': [one per γ, verifier]}
   sweep        a sweep workdir's results.json: {'meta': {'stamp', ...}, 'grid': [cells]}
   fresh_clone  scripts/measure_results.py --only=fresh_clone: {'stamp', 'runs': [make run,
                make test]}
-  prompt_set   scripts/benchmark.py --out over a prompt set (specdec_jax/results_tables.py)
+  prompt_set   scripts/benchmark.py --out over a prompt set (tools/results_tables.py)
   distill_curve  scripts/distill.py's report.json: α per corpus at each evaluation
   tree_study   scripts/tree_study.py --out: tokens per target call of token trees and chains
   gamma_rules  scripts/gamma_policy_study.py --out: γ rules replayed on greedy decodes
@@ -27,8 +29,9 @@ import dataclasses
 import json
 import pathlib
 
-from specdec_jax import results_tables
-from specdec_jax.results_tables import table as _table
+from tools import results_tables
+from tools.results_format import (commit_short, machine_short, minutes, num, quoted_stamps,
+                                  stamp_lines, stamp_of, table, unclean)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS_DIR = "docs/results"  # the result JSON, relative to the repository root
@@ -54,56 +57,68 @@ class Section:
   made_by: str = ""  # the command that writes the file, when measure_results does not
 
 
+CPU2 = ", on a second CPU kind"  # the title's tail of a section measured again elsewhere
+
+
+def benchmark(anchor: str, path: str, kind: str, title: str, about: str, config: str,
+              *flags: str, needs_draft: bool = True) -> Section:
+  """A section measured by `scripts/benchmark.py --config=configs/<config>.py <flags>`
+  into RESULTS_DIR/path."""
+  argv = ("scripts/benchmark.py", f"--config=configs/{config}.py", *flags,
+          f"--out={RESULTS_DIR}/{path}")
+  return Section(anchor, path, kind, title, about, argv, needs_draft=needs_draft)
+
+
+def variant(base: Section, suffix: str, title: str, about: str, *flags: str) -> Section:
+  """`base` measured again: anchor '<anchor>-<suffix>', file '<stem>_<suffix>.json',
+  `flags` added before its --out."""
+  path = base.path.replace(".json", f"_{suffix}.json")
+  argv = (*base.argv[:-1], *flags, f"--out={RESULTS_DIR}/{path}") if base.argv else ()
+  return dataclasses.replace(base, anchor=f"{base.anchor}-{suffix}", path=path, title=title,
+                             about=about, argv=argv)
+
+
+_FRESH_CLONE = Section(
+    "fresh-clone", "fresh_clone.json", "fresh_clone",
+    "`make run` and `make test` on a fresh clone",
+    "Wall time of each command on a fresh clone of the commit, installation included, and "
+    "what it printed.")
+_SMOLLM2 = benchmark(
+    "smollm2", "benchmark_smollm2.json", "benchmark",
+    "SmolLM2-135M with the config's draft at fixed γ, greedy",
+    "Speculative against autoregressive decoding on the config's first prompt (batch 1), 64 "
+    "new tokens, at each fixed γ; the settings line names the draft. The ratios are "
+    "interleaved in one process (compile excluded, median of repeats). α is measured while "
+    "decoding.", "smollm2_135m", "--gammas=1,2,3,4")
+_HELDOUT = benchmark(
+    "heldout", "benchmark_heldout_smollm2.json", "prompt_set",
+    "SmolLM2-135M with the default draft on the held-out prompt set, greedy",
+    "30 prompts the draft never saw (configs/prompts/heldout.json), 6 in each of modern "
+    "prose, chat instructions, code, scripture and drama; each prompt runs alone at batch 1 "
+    "with γ 'auto' chosen per step from this machine's cost table. Speedups are interleaved "
+    "in one process (compile excluded, median of repeats); per domain and overall, the "
+    "speedup is the geometric mean over prompts and α the mean, each with its 95% Student-t "
+    "interval over prompts.", "heldout_smollm2")
+_T1 = ("--config.temperature=1",)
+
 SECTIONS = (
-    Section("fresh-clone", "fresh_clone.json", "fresh_clone",
-            "`make run` and `make test` on a fresh clone",
-            "Wall time of each command on a fresh clone of the commit, installation included, "
-            "and what it printed."),
-    Section("fresh-clone-cpu2", "fresh_clone_cpu2.json", "fresh_clone",
-            "`make run` and `make test` on a fresh clone, on a second CPU kind",
-            "The same on a machine of another CPU kind (its stamp names it; every test and "
-            "a wide target call cost more there). Run it on such a machine to replace it."),
-    Section("smollm2", "benchmark_smollm2.json", "benchmark",
-            "SmolLM2-135M with the config's draft at fixed γ, greedy",
-            "Speculative against autoregressive decoding on the config's first prompt (batch "
-            "1), 64 new tokens, at each fixed γ; the settings line names the draft. The "
-            "ratios are interleaved in one process (compile excluded, median of repeats). α "
-            "is measured while decoding.",
-            ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
-             f"--out={RESULTS_DIR}/benchmark_smollm2.json"), needs_draft=True),
-    Section("smollm2-t1", "benchmark_smollm2_t1.json", "benchmark",
-            "SmolLM2-135M with the config's draft at fixed γ, temperature 1",
+    _FRESH_CLONE,
+    variant(_FRESH_CLONE, "cpu2", _FRESH_CLONE.title + CPU2,
+            "The same on a machine of another CPU kind (its stamp names it; every test and a "
+            "wide target call cost more there). Run it on such a machine to replace it."),
+    _SMOLLM2,
+    variant(_SMOLLM2, "t1", _SMOLLM2.title.replace("greedy", "temperature 1"),
             "As above, sampling at temperature 1: one sample per cell, so acceptance is noisy; "
-            "the sweep below averages 32 windows.",
-            ("scripts/benchmark.py", "--config=configs/smollm2_135m.py", "--gammas=1,2,3,4",
-             "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_smollm2_t1.json"),
-            needs_draft=True),
-    Section("heldout", "benchmark_heldout_smollm2.json", "prompt_set",
-            "SmolLM2-135M with the default draft on the held-out prompt set, greedy",
-            "30 prompts the draft never saw (configs/prompts/heldout.json), 6 in each of "
-            "modern prose, chat instructions, code, scripture and drama; each prompt runs "
-            "alone at batch 1 with γ 'auto' chosen per step from this machine's cost table. "
-            "Speedups are interleaved in one process (compile excluded, median of repeats); "
-            "per domain and overall, the speedup is the geometric mean over prompts and α "
-            "the mean, each with its 95% Student-t interval over prompts.",
-            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
-             f"--out={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
-    Section("heldout-cpu2", "benchmark_heldout_smollm2_cpu2.json", "prompt_set",
-            "SmolLM2-135M with the default draft on the held-out prompt set, greedy, on a "
-            "second CPU kind",
-            "The greedy held-out run again on a machine of another CPU kind (its stamp "
-            "names it; a wide target call costs more relative to one token there), with "
-            "γ 'auto' choosing from that machine's own cost table. Run it on such a machine "
-            "to replace it.",
-            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
-             f"--out={RESULTS_DIR}/benchmark_heldout_smollm2_cpu2.json"), needs_draft=True),
-    Section("heldout-t1", "benchmark_heldout_smollm2_t1.json", "prompt_set",
-            "SmolLM2-135M with the default draft on the held-out prompt set, temperature 1",
+            "the sweep below averages 32 windows.", *_T1),
+    _HELDOUT,
+    variant(_HELDOUT, "cpu2", _HELDOUT.title + CPU2,
+            "The greedy held-out run again on a machine of another CPU kind (its stamp names "
+            "it; a wide target call costs more relative to one token there), with γ 'auto' "
+            "choosing from that machine's own cost table. Run it on such a machine to replace "
+            "it."),
+    variant(_HELDOUT, "t1", _HELDOUT.title.replace("greedy", "temperature 1"),
             "As above, sampling at temperature 1: one sample per prompt, so each prompt's "
-            "acceptance is noisy; the intervals over prompts say how much.",
-            ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
-             "--config.temperature=1", f"--out={RESULTS_DIR}/benchmark_heldout_smollm2_t1.json"),
-            needs_draft=True),
+            "acceptance is noisy; the intervals over prompts say how much.", *_T1),
     Section("gamma-rules", "gamma_rules.json", "gamma_rules",
             "Rules for choosing γ, replayed on the held-out set (greedy)",
             "At T = 0 the text does not depend on γ, so one greedy decode per held-out prompt "
@@ -116,12 +131,11 @@ SECTIONS = (
             ("scripts/gamma_policy_study.py", "--config=configs/heldout_smollm2.py",
              f"--out={RESULTS_DIR}/gamma_rules.json",
              f"--measured={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
-    Section("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
-            "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
-            "The draft copies what followed the last match of up to 3 trailing tokens; its "
-            "cost is nil (c = 0), so the speedup is tokens per target call over v(γ+1).",
-            ("scripts/benchmark.py", "--config=configs/prompt_lookup_smollm2.py",
-             "--gammas=2,4,8", f"--out={RESULTS_DIR}/benchmark_prompt_lookup_smollm2.json")),
+    benchmark("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
+              "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
+              "The draft copies what followed the last match of up to 3 trailing tokens; its "
+              "cost is nil (c = 0), so the speedup is tokens per target call over v(γ+1).",
+              "prompt_lookup_smollm2", "--gammas=2,4,8", needs_draft=False),
     Section("sweep", "sweep_smollm2/results.json", "sweep",
             "Acceptance against γ over 32 held-out windows",
             "16 Bible and 16 Shakespeare windows of 32 tokens from held-out books and plays, "
@@ -132,13 +146,12 @@ SECTIONS = (
              f"--workdir={RESULTS_DIR}/sweep_smollm2",
              "--config.drafts=(('feature','{draft}'),)"),
             needs_draft=True),
-    Section("tiny", "benchmark_tiny.json", "benchmark",
-            "The tiny random pair (`configs/tiny.py`)",
-            "A 4-layer d=128 random target with its own first layer as draft, batch 4: the "
-            "models are so small that the loop's fixed per-step work, not the models, sets "
-            "the speed. It checks the machinery, not the speed-up.",
-            ("scripts/benchmark.py", "--config=configs/tiny.py", "--gammas=1,2,3,4",
-             f"--out={RESULTS_DIR}/benchmark_tiny.json")),
+    benchmark("tiny", "benchmark_tiny.json", "benchmark",
+              "The tiny random pair (`configs/tiny.py`)",
+              "A 4-layer d=128 random target with its own first layer as draft, batch 4: the "
+              "models are so small that the loop's fixed per-step work, not the models, sets "
+              "the speed. It checks the machinery, not the speed-up.", "tiny", "--gammas=1,2,3,4",
+              needs_draft=False),
     Section("distill", "distill_shipped.json", "distill_curve",
             "The shipped feature draft: held-out α against training",
             "Held-out α of the shipped draft at each evaluation of its training, per corpus "
@@ -173,60 +186,7 @@ def load(results_dir: pathlib.Path) -> dict[str, dict]:
   return out
 
 
-def stamp_of(doc: dict) -> dict:
-  """The machine stamp of a result file (top level, or a sweep's meta)."""
-  stamp = doc.get("stamp") or doc.get("meta", {}).get("stamp")
-  if not stamp:
-    raise ValueError("result file has no machine stamp ('stamp' or 'meta.stamp'); "
-                     "re-measure it with a script that writes one")
-  return stamp
-
-
-def isa_summary(isa: list[str]) -> str:
-  """The widest vector extension: 'AMX', 'AVX-512', 'AVX2', 'AVX, no AVX2' or 'no AVX'."""
-  if any(f.startswith("amx") for f in isa):
-    return "AVX-512 and AMX"
-  if "avx512f" in isa:
-    return "AVX-512"
-  if "avx2" in isa:
-    return "AVX2, no AVX-512"
-  return "AVX, no AVX2" if "avx" in isa else "no AVX"
-
-
-def machine_short(stamp: dict) -> str:
-  """'AMD EPYC, 2 cores, AVX-512' (+ the accelerator)."""
-  text = f"{stamp['cpu']}, {stamp['cores']} cores, {isa_summary(stamp['isa'])}"
-  return text + (f", {stamp['accelerator']}" if stamp.get("accelerator") else "")
-
-
-def commit_short(stamp: dict) -> str:
-  commit = stamp.get("git_commit")
-  if not commit:
-    return "unknown commit"
-  return commit[:7] + (" (uncommitted changes)" if stamp.get("git_dirty") else "")
-
-
-def stamp_lines(stamp: dict, result_path: str) -> list[str]:
-  """The provenance list under each section's heading."""
-  devices = ", ".join(f"{d['count']} x {d['kind']}" for d in stamp["devices"])
-  memory = f"{stamp['memory_gb']:g} GiB" if stamp.get("memory_gb") else "memory unknown"
-  return [
-      f"- Command: `{stamp['command']}`",
-      f"- Machine: {stamp['cpu']}; {stamp['cores']} cores; ISA "
-      f"{', '.join(stamp['isa']) or 'flags unknown'}; {memory}; devices {devices}; "
-      f"{stamp['os']}",
-      f"- Code: commit {commit_short(stamp)}; jax {stamp['jax']}, jaxlib {stamp['jaxlib']}, "
-      f"Python {stamp['python']}",
-      f"- Date: {stamp['date_utc']}",
-      f"- Result file: [results/{result_path}](results/{result_path})",
-  ]
-
-
 # --------------------------------------------------------------------------- tables
-
-def _num(x, fmt: str) -> str:
-  return "–" if x is None else format(x, fmt)
-
 
 def benchmark_table(doc: dict) -> list[str]:
   meta, config = doc["meta"], doc["meta"]["config"]
@@ -243,7 +203,7 @@ def benchmark_table(doc: dict) -> list[str]:
            f"{r['acceptance_rate']:.3f}", f"{r['alpha']:.3f}",
            f"{r['tokens_per_step']:.2f} ({r['predicted_tokens_per_step']:.2f})",
            f"{r['predicted_speedup']:.2f}x"] for r in doc["rows"]]
-  return lines + _table(["γ", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "α",
+  return lines + table(["γ", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "α",
                          "tokens/step (pred.)", "predicted speedup"], rows)
 
 
@@ -258,8 +218,8 @@ def sweep_table(doc: dict) -> list[str]:
            f"{r['alpha']:.3f} ± {r['alpha_ci95']:.3f}", f"{r['acceptance_rate']:.3f}",
            f"{r['tokens_per_step']:.2f} ({r['predicted_tokens_per_step']:.2f})"]
     if timed:
-      row.append(f"{_num(r.get('time_speedup'), '.2f')}x "
-                 f"({_num(r.get('time_predicted_speedup'), '.2f')}x)")
+      row.append(f"{num(r.get('time_speedup'), '.2f')}x "
+                 f"({num(r.get('time_predicted_speedup'), '.2f')}x)")
     rows.append(row)
   drafts = ", ".join(f"`{name}` = `{spec}`" for name, spec in config["drafts"])
   lines = [f"Drafts {drafts}; prompts `{config['prompt_source']}` ({config['num_prompts']} x "
@@ -267,7 +227,7 @@ def sweep_table(doc: dict) -> list[str]:
            f"`{config['verifier']}`, seed {config['seed']}"
            + ("; acceptance only (repeats = 0)." if not timed else
               f"; speed-ups are medians of {config['repeats']}."), ""]
-  return lines + _table(header, rows)
+  return lines + table(header, rows)
 
 
 def printed_figures(run: dict) -> str:
@@ -281,16 +241,11 @@ def fresh_clone_table(doc: dict) -> list[str]:
     printed = printed_figures(run) or "–"
     rows.append([f"`{run['command']}`", minutes(run["seconds"]), str(run["returncode"]),
                  printed])
-  return _table(["command", "wall time", "exit status", "printed"], rows)
+  return table(["command", "wall time", "exit status", "printed"], rows)
 
 
 def measure_command(section: Section) -> str:
   return section.made_by or f"python scripts/measure_results.py --only={section.anchor}"
-
-
-def minutes(seconds: float) -> str:
-  m, s = divmod(int(round(seconds)), 60)
-  return f"{m} min {s} s" if m else f"{s} s"
 
 
 TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fresh_clone_table,
@@ -335,18 +290,33 @@ def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
   return [(f"{section.title}, draft `{first}` at γ = {width}", value)]
 
 
+def left_out(doc: dict) -> str | None:
+  """Why the README does not quote `doc` (a stamp behind the figures it would quote is not
+  of a clean commit, so no commit reproduces them), or None."""
+  return "; ".join(dict.fromkeys(filter(None, map(unclean, quoted_stamps(doc))))) or None
+
+
 def readme_block(docs: dict[str, dict]) -> str:
-  """The Markdown between the README's results markers."""
-  rows = []
+  """The Markdown between the README's results markers: the headline figures measured on
+  a clean commit, then the sections left out and why."""
+  rows, dropped = [], []
   for s in SECTIONS:
     link = f"[table](docs/results.md#{s.anchor})"
     if s.anchor not in docs:
       rows.append([s.title, f"not measured yet (`{measure_command(s)}`)", "–", "–", link])
       continue
+    if why := left_out(docs[s.anchor]):
+      dropped.append(f"- [{s.title}](docs/results.md#{s.anchor}): {why}")
+      continue
     stamp = stamp_of(docs[s.anchor])
     for figure, value in headline(s, docs[s.anchor]):
       rows.append([figure, value, machine_short(stamp), commit_short(stamp), link])
-  return "\n".join(_table(["figure", "value", "machine", "commit", "full table"], rows))
+  lines = table(["figure", "value", "machine", "commit", "full table"], rows)
+  if dropped:
+    lines += ["", "Left out: the table quotes only figures measured on a clean commit. These "
+              "were not, so no commit reproduces them; docs/results.md still shows them, "
+              "marked.", "", *dropped]
+  return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- the page
@@ -376,7 +346,10 @@ def render_page(docs: dict[str, dict], figures: dict[str, str] | None = None) ->
       lines.append(f"Not measured yet: `{measure_command(s)}` writes `{RESULTS_DIR}/{s.path}`.")
       continue
     doc = docs[s.anchor]
-    lines += stamp_lines(stamp_of(doc), s.path) + [""] + TABLES[s.kind](doc)
+    lines += stamp_lines(stamp_of(doc), s.path)
+    if why := left_out(doc):
+      lines.append(f"- Not quoted in the README: {why}.")
+    lines += [""] + TABLES[s.kind](doc)
     if s.anchor in figures:
       lines += ["", f"![{s.title}]({figures[s.anchor]})"]
   return "\n".join(lines) + "\n"
@@ -445,7 +418,7 @@ def expected_files(root: pathlib.Path = ROOT) -> dict[str, str]:
 
 def write(root: pathlib.Path = ROOT, *, plots: bool = True) -> list[str]:
   """Writes docs/results.md, the README block and (with plots) the PNGs; returns paths."""
-  from specdec_jax.io.atomic import atomic_write, atomic_write_text
+  from specdec_jax.io.atomic import atomic_write, atomic_write_text  # (specdec_jax loads jax)
 
   written = []
   for rel, text in expected_files(root).items():

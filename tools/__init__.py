@@ -1,0 +1,1 @@
+"""Repository tools outside the library: docs/results.md and the README results block."""
