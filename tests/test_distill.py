@@ -128,17 +128,17 @@ def test_logit_divergences_with_a_vocabulary_subset_draft():
 
 
 def test_frequent_tokens():
-  from specdec_jax.io import data
+  from specdec_jax.io import token_data
   tokens = np.array([5, 5, 5, 2, 2, 7, 1, 1, 1, 1])
-  assert data.frequent_tokens(tokens, 2, 10) == (1, 5)
-  assert data.frequent_tokens(tokens, 3, 10, always=[9]) == (1, 5, 9)
-  assert data.frequent_tokens(tokens, 4, 10) == (1, 2, 5, 7)  # ties: lower id first
+  assert token_data.frequent_tokens(tokens, 2, 10) == (1, 5)
+  assert token_data.frequent_tokens(tokens, 3, 10, always=[9]) == (1, 5, 9)
+  assert token_data.frequent_tokens(tokens, 4, 10) == (1, 2, 5, 7)  # ties: lower id first
   with pytest.raises(ValueError, match="head vocabulary of 0"):
-    data.frequent_tokens(tokens, 0, 10)
+    token_data.frequent_tokens(tokens, 0, 10)
   with pytest.raises(ValueError, match="token ids"):
-    data.frequent_tokens(tokens, 2, 6)
+    token_data.frequent_tokens(tokens, 2, 6)
   with pytest.raises(ValueError, match="always ids"):
-    data.frequent_tokens(tokens, 2, 10, always=[10])
+    token_data.frequent_tokens(tokens, 2, 10, always=[10])
 
 
 # --------------------------------------------------------------------------- steps

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from specdec_jax.io import data
+from specdec_jax.io import corpora
 
 from specdec_jax.bench import prompt_sets
 from specdec_jax.loading import ByteTokenizer
@@ -63,7 +63,7 @@ def _leak_control(heldout, doc_text):
 
 
 def test_no_window_of_a_prompt_occurs_in_the_bible_or_shakespeare(heldout):
-  texts = [d.text for corpus in data.CORPORA for d in data.load_documents(corpus)]
+  texts = [d.text for corpus in corpora.CORPORA for d in corpora.load_documents(corpus)]
   assert prompt_sets.find_leaks(heldout, texts) == []
   _leak_control(heldout, texts[5])  # negative control: a real quote is caught
   _leak_control(heldout, texts[-1])

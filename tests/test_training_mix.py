@@ -16,7 +16,7 @@ import pytest
 
 from helpers import tiny_config, tiny_model
 from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax.io import data
+from specdec_jax.io import corpora, token_data
 from specdec_jax import distill
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer
@@ -31,7 +31,7 @@ def _fake_stdlib(root):
            "os.py": "import sys\n" * 30, "test/test_os.py": "t = 1\n",
            "unittest/test_case.py": "t = 1\n", "idlelib/run.py": "i = 1\n",
            "site-packages/pkg/mod.py": "s = 1\n", "lib2to3/tests/data/f.py": "l = 1\n",
-           "big.py": "b = 1\n" * (data.STDLIB_MAX_FILE_BYTES // 6 + 1), "notes.txt": "n\n"}
+           "big.py": "b = 1\n" * (corpora.STDLIB_MAX_FILE_BYTES // 6 + 1), "notes.txt": "n\n"}
   for rel, text in files.items():
     (root / rel).parent.mkdir(parents=True, exist_ok=True)
     (root / rel).write_text(text)
@@ -40,33 +40,33 @@ def _fake_stdlib(root):
 
 def test_stdlib_selection_is_deterministic_and_excludes_tests_tools_and_big_files(tmp_path):
   _fake_stdlib(tmp_path)
-  docs = data._load_stdlib(10**6, root=tmp_path)
+  docs = corpora._load_stdlib(10**6, root=tmp_path)
   assert [d.name for d in docs] == ["abc.py", "json/decoder.py", "os.py"]
-  assert docs == data._load_stdlib(10**6, root=tmp_path)
-  capped = data._load_stdlib(700, root=tmp_path)  # the character cap
+  assert docs == corpora._load_stdlib(10**6, root=tmp_path)
+  capped = corpora._load_stdlib(700, root=tmp_path)  # the character cap
   assert sum(len(d.text) for d in capped) <= 700 and 0 < len(capped) < 3
-  assert capped == data._load_stdlib(700, root=tmp_path)
+  assert capped == corpora._load_stdlib(700, root=tmp_path)
   with pytest.raises(ValueError, match="max_chars"):
-    data._load_stdlib(0, root=tmp_path)
+    corpora._load_stdlib(0, root=tmp_path)
 
 
 def test_real_stdlib_corpus_and_its_cache_identity_carry_the_python_version(tmp_path):
   """The running Python's library loads; its token cache is not reused under another
   Python version (the fingerprint includes it)."""
-  docs = data.load_documents("stdlib", max_chars=40_000)
+  docs = corpora.load_documents("stdlib", max_chars=40_000)
   assert docs and sum(len(d.text) for d in docs) <= 40_000
   assert not any(part in ("test", "tests", "idlelib", "site-packages")
                  for d in docs for part in d.name.split("/")[:-1])
-  assert data.corpus_version("stdlib").endswith(
-      ".".join(map(str, sys.version_info[:3]))) and data.corpus_version("bible") == ""
+  assert corpora.corpus_version("stdlib").endswith(
+      ".".join(map(str, sys.version_info[:3]))) and corpora.corpus_version("bible") == ""
   tok = ByteTokenizer()
-  a = data.tokenize_cached(docs[:2], tok, tmp_path, "s", tok.eos_id, version="cpython-3.11.7")
+  a = token_data.tokenize_cached(docs[:2], tok, tmp_path, "s", tok.eos_id, version="cpython-3.11.7")
   meta = json.loads((tmp_path / "s.json").read_text())
-  data.tokenize_cached(docs[:2], tok, tmp_path, "s", tok.eos_id, version="cpython-3.12.1")
+  token_data.tokenize_cached(docs[:2], tok, tmp_path, "s", tok.eos_id, version="cpython-3.12.1")
   other = json.loads((tmp_path / "s.json").read_text())
   assert meta["version"] == "cpython-3.11.7" and other["version"] == "cpython-3.12.1"
   assert meta["fingerprint"] != other["fingerprint"]
-  unversioned = data.tokenize_cached(docs[:2], tok, tmp_path, "u", tok.eos_id)
+  unversioned = token_data.tokenize_cached(docs[:2], tok, tmp_path, "u", tok.eos_id)
   assert np.array_equal(a.tokens, unversioned.tokens)
 
 
@@ -76,19 +76,20 @@ def _mixture(weights=(0.5, 0.25, 0.25)):
   rng = np.random.default_rng(0)
   train = (rng.integers(0, 10, 4000), rng.integers(10, 20, 1000), rng.integers(20, 30, 600))
   held = tuple(t[:300] + 0 for t in train)
-  return data.Mixture(("a", "b", "c"), weights, tuple(t.astype(np.int32) for t in train),
-                      tuple(h.astype(np.int32) for h in held))
+  return token_data.Mixture(("a", "b", "c"), weights,
+                            tuple(t.astype(np.int32) for t in train),
+                            tuple(h.astype(np.int32) for h in held))
 
 
 def test_parse_mixture_normalises_and_names_bad_entries():
-  assert data.parse_mixture("chat:2,stdlib:1,bible:1") == (
+  assert token_data.parse_mixture("chat:2,stdlib:1,bible:1") == (
       ("chat", "stdlib", "bible"), (0.5, 0.25, 0.25))
-  assert data.parse_mixture(("bible", "shakespeare")) == (("bible", "shakespeare"), None)
+  assert token_data.parse_mixture(("bible", "shakespeare")) == (("bible", "shakespeare"), None)
   for bad in ("chat", "chat:0", "chat:-1", "chat:nan", "chat:x", "a:1,a:2", ":1"):
     with pytest.raises(ValueError, match="corp"):
-      data.parse_mixture(bad)
-  assert data.allocate(10, (0.4, 0.2, 0.2, 0.2)) == [4, 2, 2, 2]
-  assert sum(data.allocate(7, (1, 1, 1))) == 7
+      token_data.parse_mixture(bad)
+  assert token_data.allocate(10, (0.4, 0.2, 0.2, 0.2)) == [4, 2, 2, 2]
+  assert sum(token_data.allocate(7, (1, 1, 1))) == 7
 
 
 def test_windows_batches_and_heldout_sets_follow_the_weights():
@@ -104,9 +105,9 @@ def test_windows_batches_and_heldout_sets_follow_the_weights():
   assert np.allclose(share, (0.5, 0.25, 0.25), atol=0.1)  # binomial sd 0.025: 4 sd
   sets = mix.heldout_windows(3, 8)
   assert list(sets) == ["a", "b", "c"] and all(s.shape == (3, 9) for s in sets.values())
-  plain = data.Mixture(mix.names, None, mix.train, mix.heldout)  # a list of corpora
+  plain = token_data.Mixture(mix.names, None, mix.train, mix.heldout)  # a list of corpora
   assert np.array_equal(plain.batch_at(4, 8, 0, 3),
-                        data.batch_at(mix.train_tokens, 4, 8, 0, 3))
+                        token_data.batch_at(mix.train_tokens, 4, 8, 0, 3))
   assert list(plain.heldout_windows(3, 8)) == ["all"]
   with pytest.raises(ValueError, match="corpus 'c'"):
     mix.windows(400, 8, seed=1)  # c holds 75 windows of 8
@@ -118,7 +119,7 @@ def test_subset_head_tokens_come_from_the_whole_weighted_mix():
   mix = _mixture(weights=(0.1, 0.1, 0.8))
   head = mix.frequent_tokens(10, 32, always=(31,))
   assert 31 in head and sum(20 <= t < 30 for t in head) == 9
-  plain = data.frequent_tokens(mix.train_tokens, 10, 32, always=(31,))
+  plain = token_data.frequent_tokens(mix.train_tokens, 10, 32, always=(31,))
   assert sum(t < 10 for t in plain) == 9
   from configs import distill_tiny
   c = distill_tiny.get_config()

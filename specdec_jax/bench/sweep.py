@@ -80,9 +80,10 @@ def heldout_prompts(tokenizer, corpus: str, *, num: int, prompt_tokens: int,
                     heldout_fraction: float = 0.1, split_seed: int = 0,
                     seed: int = 0) -> list[list[int]]:
   """`num` prompts of exactly `prompt_tokens` tokens, each starting at a line of a
-  held-out document (the same document split as distillation: data.split_documents)."""
-  from specdec_jax.io import data
-  _, held = data.split_documents(data.load_documents(corpus), heldout_fraction, seed=split_seed)
+  held-out document (the same document split as distillation: corpora.split_documents)."""
+  from specdec_jax.io import corpora
+  _, held = corpora.split_documents(corpora.load_documents(corpus), heldout_fraction,
+                                    seed=split_seed)
   rng = np.random.default_rng(seed)
   out = []
   while len(out) < num:

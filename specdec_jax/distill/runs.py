@@ -27,7 +27,7 @@ import numpy as np
 
 from specdec_jax import loading
 
-from specdec_jax.io import data
+from specdec_jax.io import corpora, token_data
 
 from specdec_jax.models import sharding
 from specdec_jax.distill import chat_corpus
@@ -66,31 +66,32 @@ def load_corpus(config, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 
 
 def load_mixture(config, tokenizer, target: tuple[ModelConfig, PyTree] | None = None
-                 ) -> data.Mixture:
+                 ) -> token_data.Mixture:
   """The corpora of config.corpora ('bible', 'shakespeare', 'stdlib', 'chat'), each split
-  by document and cached, with their weights (`data.parse_mixture`).
+  by document and cached, with their weights (`token_data.parse_mixture`).
 
   'chat' is the target's own answers (`chat_corpus`): it needs `target` (config, params)
   and config.chat's settings; 'stdlib' is capped at config.stdlib_max_chars characters.
   """
-  names, weights = data.parse_mixture(config.corpora)
+  names, weights = token_data.parse_mixture(config.corpora)
   tag = f"{tokenizer.identity[:12]}-h{config.heldout_fraction:g}-s{config.split_seed}"
   train, held = [], []
   for corpus in names:
     if corpus == "chat":
       tr, he = _chat_split(config, tokenizer, target)
     else:
-      docs = data.load_documents(
-          corpus, max_chars=int(config.get("stdlib_max_chars", data.STDLIB_MAX_CHARS)))
-      parts = data.split_documents(docs, config.heldout_fraction, seed=config.split_seed)
-      version = data.corpus_version(corpus)
-      tr, he = (data.tokenize_cached(part, tokenizer, config.cache_dir,
-                                     f"{corpus}-{split}-{tag}" + (f"-{version}" * bool(version)),
-                                     tokenizer.eos_id, version=version).tokens
+      docs = corpora.load_documents(
+          corpus, max_chars=int(config.get("stdlib_max_chars", corpora.STDLIB_MAX_CHARS)))
+      parts = corpora.split_documents(docs, config.heldout_fraction, seed=config.split_seed)
+      version = corpora.corpus_version(corpus)
+      tr, he = (token_data.tokenize_cached(
+                    part, tokenizer, config.cache_dir,
+                    f"{corpus}-{split}-{tag}" + (f"-{version}" * bool(version)),
+                    tokenizer.eos_id, version=version).tokens
                 for split, part in zip(("train", "heldout"), parts))
     train.append(tr)
     held.append(he)
-  return data.Mixture(names, weights, tuple(train), tuple(held))
+  return token_data.Mixture(names, weights, tuple(train), tuple(held))
 
 
 CHAT_DEFAULTS = dict(instructions=chat_corpus.INSTRUCTIONS, samples=1, max_new_tokens=256,
@@ -113,8 +114,8 @@ def _chat_split(config, tokenizer, target) -> tuple[np.ndarray, np.ndarray]:
       config.cache_dir, instructions[:limit] if limit > 0 else instructions,
       tokenizer=tokenizer, target_params=target_params, target_config=target_config,
       target_identity=ckpt_lib.target_identity(target_config, target_params), **settings)
-  names = [data.Document(name, "") for name in docs]
-  tr, he = data.split_documents(names, config.heldout_fraction, seed=config.split_seed)
+  names = [corpora.Document(name, "") for name in docs]
+  tr, he = corpora.split_documents(names, config.heldout_fraction, seed=config.split_seed)
   return tuple(np.concatenate([docs[d.name] for d in part]) for part in (tr, he))
 
 
@@ -124,19 +125,19 @@ def draft_config_from(config, target_config: ModelConfig, train_tokens=None,
 
   config.draft.head_vocab = C > 0 gives a vocabulary-subset head on C ids: those in
   `always` (e.g. EOS) and the most frequent train_tokens (int32 [N_train], or a
-  `data.Mixture`: frequencies weighted by corpus); 0 or absent: the full vocabulary.
+  `token_data.Mixture`: frequencies weighted by corpus); 0 or absent: the full vocabulary.
   """
   head_vocab = int(config.draft.get("head_vocab", 0) or 0)
   head_tokens = ()
   if head_vocab:
     if train_tokens is None:
       raise ValueError("draft.head_vocab > 0 needs the training tokens to rank")
-    if isinstance(train_tokens, data.Mixture):  # ranked over the whole weighted mix
+    if isinstance(train_tokens, token_data.Mixture):  # ranked over the whole weighted mix
       head_tokens = train_tokens.frequent_tokens(head_vocab, target_config.vocab_size,
                                                  always=always)
     else:
-      head_tokens = data.frequent_tokens(train_tokens, head_vocab, target_config.vocab_size,
-                                         always=always)
+      head_tokens = token_data.frequent_tokens(train_tokens, head_vocab,
+                                               target_config.vocab_size, always=always)
   feature = {}
   if config.draft.get("feature_layers"):  # a feature draft reads this target's width
     feature = dict(feature_width=target_config.embed_dim)
@@ -285,7 +286,7 @@ class DistillSetup:
   windows: np.ndarray  # int32 [E*eval_windows, seq_len+1], held-out documents (all sets)
   keys: dict[str, Array]  # 'draft_init', 'train'
   mesh: Any = None  # a ('data', 'model') jax.sharding.Mesh from config.mesh, or None
-  mixture: data.Mixture | None = None  # the corpora, per corpus, with their weights
+  mixture: token_data.Mixture | None = None  # the corpora, per corpus, with their weights
   eval_sets: dict[str, np.ndarray] | None = None  # {corpus or 'all': int32 [eval_windows, T+1]}
 
 
@@ -422,7 +423,8 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
                       extra=extra, log=log, desc=f"distill-{config.loss}")
   after = _final_eval(extra, state, evaluate_fn)
   draft_dir = ckpt_lib.save_params(
-      workdir / "draft", sharding.gather(state.params), draft_config, tokenizer_identity=tokenizer.identity,
+      workdir / "draft", sharding.gather(state.params), draft_config,
+      tokenizer_identity=tokenizer.identity,
       extra={"target": identity["target"], "loss": config.loss,
              "temperature": config.temperature, "alpha_after": after})
   report = {
@@ -461,8 +463,8 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
   tokenizer = loading.load_tokenizer(config.tokenizer)
   train_tokens, held_tokens = load_corpus(config, tokenizer)
   pre = config.pretrain
-  windows = data.heldout_windows(held_tokens, config.eval_windows, pre.seq_len,
-                                 seed=config.split_seed)
+  windows = token_data.heldout_windows(held_tokens, config.eval_windows, pre.seq_len,
+                                       seed=config.split_seed)
   vocab = tokenizer.vocab_size
   reports = {}
   for name in models:
@@ -494,8 +496,8 @@ def run_pretraining(config, workdir: str | os.PathLike, *, models=("target", "dr
     step_fn = functools.partial(lm_train_step, config=model_config, optim=optim)
     state, extra = _fit(
         state, step_fn=step_fn,
-        batch_fn=lambda s: data.batch_at(train_tokens, pre.batch_size, pre.seq_len,
-                                         config.seed, s),
+        batch_fn=lambda s: token_data.batch_at(train_tokens, pre.batch_size, pre.seq_len,
+                                               config.seed, s),
         eval_fn=eval_fn, checkpointer=checkpointer, steps=pre.steps,
         log_every=config.log_every, eval_every=config.eval_every,
         stop_after=config.stop_after, extra=extra, log=log, desc=f"pretrain-{name}")
