@@ -5,8 +5,8 @@ N = T - P sampled continuation tokens, D target width, d draft width, L layers.
 
 What is optimised. At every position the target gives p and the draft q over the same
 vocabulary, both after the decode temperature τ. Speculative decoding accepts a drafted
-token with probability β = Σ min(p, q) = 1 - TV(p, q) (REFERENCE.md §2), so α = E[β] is
-what distillation should raise. Four divergences (`LOSSES`):
+token with probability β = Σ min(p, q) = 1 - TV(p, q) (docs/background.md#formulas), so
+α = E[β] is what distillation should raise. Four divergences (`LOSSES`):
 
   fkl  KL(p || q) = Σ p (log p - log q)       mass-covering (standard distillation)
   rkl  KL(q || p) = Σ q (log q - log p)       mode-seeking
@@ -59,10 +59,11 @@ Modules, each importing only from those above it (every public name is re-export
                   kept on disk so a feature draft trains several epochs per target pass;
   chat_corpus     the 'chat' corpus: the target's own answers to the shipped
                   instructions through its chat template, generated once, resumable;
-  runs            the runs behind the scripts (`setup_distillation`, `run_distillation`,
-                  `run_pretraining`), the corpora mix (`load_mixture`: weighted corpora,
-                  held-out α per corpus via `evaluate_sets`), checkpointing through
-                  `specdec_jax.io.checkpoint`.
+  run_setup       a run's set-up from its config (`setup_distillation`, `draft_config_from`),
+                  the corpora mix (`load_mixture`: weighted corpora, held out per corpus);
+  runs            the runs behind the scripts (`run_distillation`, `run_pretraining`):
+                  the training loop, held-out α per corpus (`evaluate_sets`), checkpointing
+                  through `specdec_jax.io.checkpoint`, reports.
 """
 
 from specdec_jax.distill.divergences import (LOSSES, divergence, forward_kl, jsd,
@@ -70,9 +71,9 @@ from specdec_jax.distill.divergences import (LOSSES, divergence, forward_kl, jsd
 from specdec_jax.distill.evaluation import evaluate, evaluate_alpha
 from specdec_jax.distill.initialization import (DRAFT_INITS, embedding_projection,
                                                 init_draft_params, random_params)
-from specdec_jax.distill.runs import (DistillSetup, draft_config_from, evaluate_sets,
-                                      load_corpus, load_mixture, load_target,
-                                      run_distillation, run_pretraining, setup_distillation)
+from specdec_jax.distill.run_setup import (DistillSetup, draft_config_from, load_corpus,
+                                           load_mixture, load_target, setup_distillation)
+from specdec_jax.distill.runs import evaluate_sets, run_distillation, run_pretraining
 from specdec_jax.distill.step import (DistillSettings, OptimizerSettings, TrainState, commit,
                                       feature_loss_fn, full_logits, head_columns,
                                       init_train_state, is_on_policy, lm_loss_fn,
