@@ -20,7 +20,7 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax.bench import sweep
+from specdec_jax.bench import sweep, sweep_tables
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/sweep_*.py file",
                                           lock_config=True)
@@ -32,9 +32,9 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read at INFO
   t0 = time.perf_counter()
   results = sweep.run_sweep(_CONFIG.value, _WORKDIR.value)
-  print(sweep.summary_table(results["grid"]))
+  print(sweep_tables.summary_table(results["grid"]))
   if "domains" in results:
-    print(sweep.domain_tables(results["domains"]))
+    print(sweep_tables.domain_tables(results["domains"]))
   for row in results["batch"]:
     print(f"batch {row['batch']:>2}: speedup {row['time_speedup']:.2f}x  "
           f"SD {row['time_sd_tokens_per_s']:.0f} tok/s  AR {row['time_ar_tokens_per_s']:.0f} "

@@ -211,7 +211,7 @@ def test_sweep_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
   """The tiny sweep over the 4-prompt set: each prompt timed alone, α and speedup per
   domain and overall in results.json; the pooled grid row agrees with the per-prompt α."""
   from configs import sweep_tiny
-  from specdec_jax.bench import sweep
+  from specdec_jax.bench import sweep, sweep_tables
   path, prompts = tiny_set
   c = sweep_tiny.get_config()
   c.drafts = (("trunc2", "truncate:2"),)
@@ -236,5 +236,5 @@ def test_sweep_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
   for d in doc["domains"]:
     assert d["alpha_lo"] <= d["alpha"] <= d["alpha_hi"]
     assert d["time_speedup_lo"] <= d["time_speedup"] <= d["time_speedup_hi"]
-  table = sweep.domain_tables(results["domains"])
+  table = sweep_tables.domain_tables(results["domains"])
   assert "trunc2" in table and "prose" in table and "all" in table

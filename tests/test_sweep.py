@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import sweep_tiny
-from specdec_jax.bench import studies, sweep
+from specdec_jax.bench import studies, sweep, sweep_tables
 from specdec_jax.decoding.speculative import GenerationResult
 
 
@@ -45,7 +45,8 @@ def test_non_timing_columns_are_byte_identical(two_runs):
     assert (a / name).read_bytes() == (b / name).read_bytes(), name
   ja, jb = (json.loads((d / "results.json").read_text()) for d in (a, b))
   for key in ("grid", "batch"):
-    assert [sweep.deterministic(r) for r in ja[key]] == [sweep.deterministic(r) for r in jb[key]]
+    det = sweep_tables.deterministic
+    assert [det(r) for r in ja[key]] == [det(r) for r in jb[key]]
 
 
 @pytest.mark.slow  # two whole sweeps, end to end (make test-all)
@@ -59,7 +60,7 @@ def test_timing_columns_are_separate(two_runs):
               "predicted_tokens_per_step", "accept_pos_1", "accept_pos_2"):
     assert col in header, col
   theader, trows = read_csv(a / "results_timing.csv")
-  assert theader[:3] == list(sweep.GRID_KEYS) and len(trows) == len(rows)
+  assert theader[:3] == list(sweep_tables.GRID_KEYS) and len(trows) == len(rows)
   assert all(c.startswith("time_") for c in theader[3:])
   for col in ("time_speedup", "time_predicted_speedup", "time_c", "time_v", "time_sd_s",
               "time_ar_s"):
@@ -89,7 +90,7 @@ def test_stats_by_position():
   beta = np.array([[[0.9, 0.8], [0.1, 0.7]], [[0.6, 0.5], [0.0, 0.0]]], np.float32)
   result = GenerationResult(tokens=np.zeros((2, 5), np.int32), lengths=np.array([4, 2]),
                             num_steps=2, accepted=accepted, accept_prob=beta)
-  s = sweep.generation_stats([result], gamma=2)
+  s = sweep_tables.generation_stats([result], gamma=2)
   assert s["reached_by_position"] == [3, 2]
   assert s["accept_by_position"] == pytest.approx([2 / 3, 1 / 2])
   assert s["beta_by_position"] == pytest.approx([(0.9 + 0.1 + 0.6) / 3, (0.8 + 0.5) / 2])
