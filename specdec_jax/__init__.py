@@ -1,7 +1,7 @@
 """specdec_jax: exact speculative decoding in JAX/Flax.
 
-The algorithm of REFERENCE.md §1 lives in `verify.py` (accept/reject) and
-`speculative.py` (the step and the decode loops).
+The algorithm (Leviathan et al. 2023; Chen et al. 2023; docs/background.md#algorithm) lives
+in `verify.py` (accept/reject) and `speculative.py` (the step and the decode loops).
 """
 
 from specdec_jax.models.model import ModelConfig, forward, init_cache, init_params

@@ -69,7 +69,7 @@ def test_tvd_is_one_minus_acceptance_probability():
   p = _probs(jax.random.PRNGKey(2), (3, 5, 32), zeros=True)
   q = _probs(jax.random.PRNGKey(3), (3, 5, 32))
   np.testing.assert_array_equal(distill.tvd(p, q), 1.0 - acceptance_probability(q, p))
-  # The seed example of REFERENCE.md §1: Σ min = 0.6.
+  # The worked example of docs/background.md#worked-example: Σ min = 0.6.
   p1, q1 = jnp.array([0.2, 0.5, 0.3]), jnp.array([0.6, 0.3, 0.1])
   np.testing.assert_allclose(distill.tvd(p1, q1), 0.4, rtol=1e-6)
 

@@ -40,7 +40,7 @@ def run_verify(p_rows, q_rows, n, seed, verifier=verify):
   return np.asarray(tokens), np.asarray(accepted)
 
 
-# --------------------------------------------------------------- the seed's example
+# ------------------------------------ the worked example (docs/background.md#worked-example)
 
 def test_worked_example_by_computation():
   p, q = jnp.asarray(P), jnp.asarray(Q)

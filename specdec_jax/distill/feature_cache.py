@@ -3,9 +3,11 @@
 Letters: N cached windows, T window length, F = (fused target layers) x (target width),
 C columns of the draft's head (its subset, or the whole vocabulary).
 
-Target tokens are the budget on a CPU (SmolLM2-135M: ~450 teacher-forced tokens/s on
-2 cores), and a feature draft learns from the same target outputs for several epochs
-(REFERENCE.md §7). So one target forward per window writes, under `directory`:
+On a CPU the target's forward pass dominates a training step that runs it, and its outputs
+for a window do not depend on the draft, so they are computed once and a feature draft
+learns from them for several epochs (docs/background.md#feature-drafts; α against
+training steps: docs/results.md#distill). So one target forward per window
+writes, under `directory`:
 
   tokens.npy        int32   [N,T]    the windows (distinct, non-overlapping corpus spans)
   features.npy      float16 [N,T,F]  residual streams at the draft's feature_layers

@@ -2,7 +2,8 @@
 
 `warp` is the one function that turns logits into the probabilities that are both
 sampled from and used in the acceptance ratio, for the draft (q) and the target (p)
-alike (REFERENCE.md §4: applying the rules to only one of them breaks exactness).
+alike: q must be the very array the draft sampled from, and p the target's law under the
+same rules (docs/background.md#one-warp).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ no children (a leaf, every node at depth D) emits a bonus token y ~ p there. The
 emits its accepted path x_1..x_n then y: n + 1 tokens, 1 to D + 1. Every emitted token is
 distributed as the target's p given the emitted prefix (the law tests enumerate it).
 
-Broken drafts (as `verify.valid_proposals`, REFERENCE.md §12). A node is *proposed* iff
+Broken drafts (as `verify.valid_proposals`; docs/exactness.md#broken-drafts). A node is
+*proposed* iff
   sampled: its q row q_at[parent] is a distribution (finite, >= 0, |Σ - 1| <=
            Q_SUM_TOLERANCE) and 0 <= x < V with q(x) > 0 (`valid_proposals` on the node);
   topk:    0 <= x < V (q is not read);
