@@ -1,11 +1,18 @@
-r"""The short feature-draft distillation `make run` does on a fresh machine.
+r"""A short feature-draft distillation, for a first run of scripts/run.py with a draft of one's own.
 
-  python scripts/run.py   # uses this config only if artifacts/smollm2_feature_draft is missing
+  python scripts/run.py --config.draft=saved:artifacts/smollm2_feature_draft
+  python scripts/run.py --config.feature_draft=saved:artifacts/smollm2_feature_draft
 
-configs/distill_feature_smollm2.py cut to fit the 15-minute budget of a first `make run`
-(installation included): a smaller cache of target outputs, fewer steps, evaluation only
-before and after. docs/results.md (`make run` on a fresh clone) gives its measured time
-and speed-up.
+scripts/run.py distils with this config (its default --distill_config) when the draft it
+is given is a missing 'saved:<dir>' outside drafts/: the first command uses the new draft
+alone, the second inside the hybrid. `make run` itself distils nothing: its feature draft
+is the shipped one in drafts/ (configs/smollm2_135m.py). This is
+configs/distill_feature_smollm2.py cut to fit a 15-minute first run (installation
+included): a smaller cache of target outputs, fewer steps, evaluation only before and
+after.
+
+Figures, from when `make run` still distilled this draft: docs/results_archive.md#fresh-clone-a
+and #feature-drafts (held-out α, time, speedup).
 """
 
 # The repository root is on sys.path (scripts/_bootstrap.py, the Makefile's PYTHONPATH).

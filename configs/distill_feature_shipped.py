@@ -12,14 +12,14 @@ style, reading target layers 4/16/29/30; 8192-token subset head), trained on a m
 
   chat         0.4  the target's own answers to configs/prompts/train_instructions.json
                     through its chat template (237 instructions x 3 samples, T=0.7, seed 0,
-                    batch 32, up to 256 new tokens; `distill.chat_corpus`), about
-                    140k tokens in 20-40 min on 2 CPU cores, cached in data_cache/;
+                    batch 32, up to 256 new tokens; `distill.chat_corpus`), cached in
+                    data_cache/;
   stdlib       0.2  the running Python's standard-library source (2M characters);
   bible        0.2  the World English Bible;
   shakespeare  0.2  Shakespeare's works.
 
-The mix decides the 2048 cached training windows (262,144 target tokens, ~13 min of
-target forward, ~5.5 GB under workdir/feature_cache) and the head's 8192 tokens (ranked
+The mix decides the 2048 cached training windows (262,144 target tokens, ~5.5 GB of
+float16 under workdir/feature_cache) and the head's 8192 tokens (ranked
 by frequency weighted by corpus). Every 300 steps the held-out α of each corpus (32
 windows of held-out documents each) is measured at T=0 and T=1 for drafted depths 1-3
 (`evaluate(..., depth=3)`); report.json keeps them all (`evals`), the α-vs-steps curve
@@ -27,16 +27,13 @@ per domain. The chat documents are trained and measured whole, so chat's held-ou
 includes the prompt's tokens (ChatML scaffolding and instruction, ~40 of ~250 per
 answer), the scaffolding nearly certain: read it as an upper bound for answers alone.
 
-Measured on 2 CPU cores (AMD EPYC, AVX-512; report.json and drafts/smollm2_feature_v1/
-model.json record the run, which was interrupted and resumed): the 711 chat answers 47
-min beside other work, the feature cache about 12 min, 1200 steps 2745 s (2.3 s per
-step with the evaluations), about 1 h 45 min in all. The
-held-out α at T=0 (depth 1, all corpora) was 0.318 / 0.382 / 0.419 / 0.425 at steps
-300 / 600 / 900 / 1200: flat by the end. Re-running the command resumes the chat
-corpus, the feature cache and the checkpoints.
+Figures: docs/results.md#distill (held-out α per corpus against training steps, the
+run's time, machine and commit; the file is this run's report.json, which
+drafts/smollm2_feature_v1/model.json also records). Re-running the command resumes the
+chat corpus, the feature cache and the checkpoints.
 
 `--config=configs/distill_feature_shipped.py:tiny` is the same pipeline at test scale on a
-random byte-level target (configs/distill_tiny.py's), about a minute.
+random byte-level target (configs/distill_tiny.py's).
 """
 
 import ml_collections

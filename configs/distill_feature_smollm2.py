@@ -14,8 +14,8 @@ own last hidden state; training unrolls it `unroll` passes that way (training-ti
 One target forward per training window fills a disk cache (workdir/feature_cache:
 features and log-probabilities on the head's columns, float16); the draft then trains
 several epochs over it (`distill.feature_cache`). Re-running the command resumes the
-cache and the checkpoints. docs/results_archive.md gives the measured α and speed-ups,
-with their machine and commit.
+cache and the checkpoints. Figures (held-out α, time, speedups), with their machine and
+commit: docs/results_archive.md#feature-drafts.
 """
 
 # The repository root is on sys.path (scripts/_bootstrap.py, the Makefile's PYTHONPATH).

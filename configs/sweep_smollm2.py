@@ -11,8 +11,9 @@ prints α with the half-width of its 95% interval over the windows; `repeats = 0
 nothing (batch-1 speed-ups come from scripts/benchmark.py). The feature draft is the
 shipped one (drafts/, `make distill`); the independent one is made by
 `python scripts/run.py --config.draft=saved:artifacts/smollm2_draft
---distill_config=configs/distill_make_run.py`; drop one from c.drafts if it is missing. docs/results.md gives the measured table (`python scripts/measure_results.py
---only=sweep` measures it again).
+--distill_config=configs/distill_make_run.py`; drop one from c.drafts if it is missing.
+Figures: docs/results.md#sweep (`python scripts/measure_results.py --only=sweep` measures
+them again).
 """
 
 import ml_collections
@@ -29,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft_model = ml_collections.ConfigDict(dict(  # dims of a 'random' draft
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       tie_embeddings=False))
-  c.dtype = "float32"  # bfloat16 is 7.5x slower on XLA:CPU (REFERENCE.md §2)
+  c.dtype = "float32"  # bfloat16 is far slower on XLA:CPU (docs/background.md#cpu)
   c.max_seq_len = 256
   c.unstacked = True  # per-layer params: faster per token on CPU
   # Prompts: held-out text windows, no chat template (the draft is distilled on raw text).

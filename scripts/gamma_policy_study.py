@@ -18,7 +18,8 @@ giving its predicted speedup over autoregressive decoding per prompt. Rules:
 per-prompt speedups the 'auto' replay is set beside (correlation, mean ratio).
 The JSON holds the machine stamp, the cost table, and per rule the geometric mean with
 its 95% interval, per domain, the prompts below 0.95x and every prompt's figure.
-About 3 minutes on 2 cores (plus the cost table, if it is not cached yet).
+One greedy decode per prompt, plus the cost table if it is not cached yet.
+Figures: docs/results.md#gamma-rules.
 """
 
 import os

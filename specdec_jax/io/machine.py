@@ -1,8 +1,9 @@
 """The machine stamp every result file carries: what ran it, on what, at which commit.
 
-Speed depends on the CPU kind as much as on the code (the same commit measured
-v(3) = 1.2 on one 2-core x86 machine and 1.9 on another), so a figure without its
-machine is not a result. `machine_stamp()` returns a JSON-ready dict:
+Speed depends on the CPU kind as much as on the code (the same code's verify cost v(k)
+differs widely between two 2-core x86 machines: docs/results_archive.md and
+docs/design.md#verify-cost), so a figure without its machine is not a result.
+`machine_stamp()` returns a JSON-ready dict:
 
   cpu          CPU model string ('/proc/cpuinfo' on Linux, else platform.processor())
   isa          the ISA flags that matter for XLA:CPU matmuls, of those present:

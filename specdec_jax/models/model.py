@@ -249,7 +249,8 @@ class Transformer(nn.Module):
   unstacked=False: params['layers'] holds every block stacked on a leading L axis
     and the blocks run under `nn.scan` (fast to compile; the layout we store).
   unstacked=True: params['layers_0' .. 'layers_{L-1}'] and an unrolled loop
-    (16.1 vs 19.4 ms/token for SmolLM2 on 2 CPU cores; see `unstack_layers`).
+    (faster per token on a CPU, slower to compile: docs/background.md#cpu; see
+    `unstack_layers`).
   """
 
   config: ModelConfig
