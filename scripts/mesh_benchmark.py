@@ -20,7 +20,7 @@ from specdec_jax.gamma import machine_costs
 
 from specdec_jax.models import sharding
 
-from specdec_jax.bench import studies
+from specdec_jax.bench import timing
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -76,7 +76,7 @@ def main(argv):
                              gamma=gamma if draft_config is not None else 0,
                              verifier=pair.verifier, **kw)
       first = {"one": one(), "mesh": on_mesh()}  # compile both
-      med, _ = studies.interleaved_seconds({"one": one, "mesh": on_mesh}, config.repeats)
+      med, _ = timing.interleaved_seconds({"one": one, "mesh": on_mesh}, config.repeats)
       tokens = int(first["one"].lengths.sum())
       row = dict(mode=mode, shard_vocab=shard_vocab, mesh=config.mesh,
                  one_tokens_per_s=tokens / med["one"], mesh_tokens_per_s=tokens / med["mesh"],

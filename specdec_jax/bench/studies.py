@@ -9,20 +9,20 @@ Letters: B batch, G = γ drafted tokens per step.
   predicted speedup    E[tokens/step] / (G c + v(G+1))
 
 Timings are wall-clock medians over repeats after a warm-up call, so compile time
-is excluded; the ratio speculative/autoregressive is measured in one process,
-on the same model, settings and prompts.
+is excluded (`specdec_jax.bench.timing`); the ratio speculative/autoregressive is measured
+in one process, on the same model, settings and prompts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specdec_jax.bench import timing
+from specdec_jax.bench.timing import interleaved_seconds  # noqa: F401  (machine_costs)
 from specdec_jax.gamma import adaptive
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
@@ -52,40 +52,11 @@ def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma
   return g, scores[g]
 
 
-def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
-  """(first call seconds, median of `repeats` further calls) of fn (results blocked on)."""
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  first = time.perf_counter() - t0
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return first, float(np.median(times))
-
-
-def interleaved_seconds(fns: dict[str, Callable[[], object]],
-                        repeats: int) -> tuple[dict[str, float], dict[str, object]]:
-  """(median wall seconds of each fn over `repeats` rounds, each fn's last result).
-
-  The calls alternate within each round, so drifts in machine load hit all fns alike.
-  The fns must return host values (a GenerationResult is: the loop ends in device_get).
-  """
-  times = {name: [] for name in fns}
-  results = {}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      t0 = time.perf_counter()
-      results[name] = fn()
-      times[name].append(time.perf_counter() - t0)
-  return {name: float(np.median(t)) for name, t in times.items()}, results
-
-
 def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
                  return_logits: bool = True, input_embed=None) -> Callable[[], object] | None:
-  """A zero-argument timed call: one cached forward of `tokens` new tokens after `context`
-  ones, blocked on; None for an n-gram draft (no forward). See `call_seconds`."""
+  """A zero-argument call for `timing` (which blocks on its result): one cached forward
+  of `tokens` new tokens after `context` ones; None for an n-gram draft (no forward). See
+  `call_seconds`."""
   if config.kind == "ngram":
     return None
   if config.kind == "hybrid":  # timed as its feature draft, which runs every step
@@ -98,8 +69,8 @@ def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, contex
   if config.kind == "feature":
     feature = dict(input_embed=input_embed, hidden_layers=(config.num_layers,),
                    context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
-  return lambda: jax.block_until_ready(_timed_forward(
-      params, toks, pos, cache, config=config, return_logits=return_logits, **feature))
+  return lambda: _timed_forward(params, toks, pos, cache, config=config,
+                                return_logits=return_logits, **feature)
 
 
 def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
@@ -113,7 +84,7 @@ def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, contex
   """
   fn = forward_call(params, config, batch=batch, tokens=tokens, context=context,
                     return_logits=return_logits, input_embed=input_embed)
-  return 0.0 if fn is None else median_seconds(fn, repeats)[1]
+  return 0.0 if fn is None else timing.repeated_seconds(fn, repeats)[1]
 
 
 # One jitted forward for every timing call: compiled once per (config, shapes), not per call.
@@ -123,13 +94,12 @@ _timed_forward = jax.jit(forward, static_argnames=("config", "return_logits", "h
 def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
                       max_tokens: int, repeats: int = 20) -> dict[int, float]:
   """v(k) = t(k tokens) / t(1 token) for k = 1..max_tokens, the widths timed in turn
-  within each of `repeats` rounds (`interleaved_seconds`), so a drift in machine speed
-  hits every width alike instead of biasing the widths timed late."""
+  within each of `repeats` rounds after a compiling call each (`timing.interleaved_seconds`),
+  so a drift in machine speed hits every width alike instead of biasing the widths timed
+  late."""
   fns = {k: forward_call(params, config, batch=batch, tokens=k, context=context)
          for k in range(1, max_tokens + 1)}
-  for fn in fns.values():  # compile
-    fn()
-  seconds, _ = interleaved_seconds(fns, repeats)
+  seconds, _ = timing.interleaved_seconds(fns, repeats, warmup=True)
   return {k: (1.0 if k == 1 else seconds[k] / seconds[1]) for k in fns}
 
 
@@ -137,16 +107,14 @@ def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
                      draft_config, *, batch: int, context: int,
                      repeats: int = 20) -> float:
   """c = draft step time / target step time (one token each, same batch and context),
-  the two calls timed in turn (`interleaved_seconds`)."""
+  the two calls timed in turn after a compiling call each (`timing.interleaved_seconds`)."""
   draft = forward_call(draft_params, draft_config, batch=batch, tokens=1, context=context,
                        input_embed=target_params.get("embed"))
   if draft is None:
     return 0.0
   fns = dict(target=forward_call(target_params, target_config, batch=batch, tokens=1,
                                  context=context), draft=draft)
-  for fn in fns.values():  # compile
-    fn()
-  seconds, _ = interleaved_seconds(fns, repeats)
+  seconds, _ = timing.interleaved_seconds(fns, repeats, warmup=True)
   return seconds["draft"] / seconds["target"]
 
 
@@ -200,12 +168,8 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
                                 gamma=gamma, verifier=verifier, gamma_max=gamma_max,
                                 costs=costs, tree=tree, tree_rule=tree_rule, **common)
 
-  first = {}
-  for name, fn in (("ar", ar), ("sd", sd)):
-    t0 = time.perf_counter()
-    fn()
-    first[name] = time.perf_counter() - t0
-  med, results = interleaved_seconds({"ar": ar, "sd": sd}, repeats)
+  first = {name: timing.timed_call(fn)[0] for name, fn in (("ar", ar), ("sd", sd))}
+  med, results = timing.interleaved_seconds({"ar": ar, "sd": sd}, repeats)
   ar_tps = results["ar"].lengths.sum() / med["ar"]
   sd_tps = results["sd"].lengths.sum() / med["sd"]
   out = results["sd"]

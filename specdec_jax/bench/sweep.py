@@ -44,6 +44,7 @@ from specdec_jax import loading
 from specdec_jax.bench import prompt_sets, studies
 from specdec_jax.bench.sweep_tables import (_prompt_alphas, best_gammas, generation_stats,
                                             plot, write_outputs)
+from specdec_jax.bench.timing import interleaved_seconds, timed_call
 from specdec_jax.loading import Models
 from specdec_jax.io.machine import git_state, machine_stamp
 from specdec_jax.models.sampling import SamplingConfig
@@ -203,14 +204,12 @@ def _timed(sd_fn, ar_fn, ar_results, repeats: int) -> tuple[list[GenerationResul
 
   repeats = 0 measures acceptance only: every time_ field is NaN.
   """
-  t0 = time.perf_counter()
-  results = sd_fn()
-  first = time.perf_counter() - t0
+  first, results = timed_call(sd_fn)
   if repeats == 0:
     return results, {k: math.nan for k in ("time_ar_s", "time_sd_s", "time_ar_tokens_per_s",
                                           "time_sd_tokens_per_s", "time_speedup",
                                           "time_compile_s")}
-  med, _ = studies.interleaved_seconds({"ar": ar_fn, "sd": sd_fn}, repeats)
+  med, _ = interleaved_seconds({"ar": ar_fn, "sd": sd_fn}, repeats)
   ar_tokens = sum(int(r.lengths.sum()) for r in ar_results)
   sd_tokens = sum(int(r.lengths.sum()) for r in results)
   ar_tps, sd_tps = ar_tokens / med["ar"], sd_tokens / med["sd"]

@@ -1,0 +1,50 @@
+"""The timing harness (`specdec_jax.bench.timing`): call order, warm-up, statistics."""
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_jax.bench import timing
+
+
+def _recorder():
+  calls = []
+
+  def make(name):
+    def fn():
+      calls.append(name)
+      return len(calls)
+    return fn
+  return calls, make
+
+
+def test_interleaved_calls_each_fn_once_per_round_after_an_optional_warm_up():
+  calls, make = _recorder()
+  seconds, results = timing.interleaved_seconds({"a": make("a"), "b": make("b")}, 3)
+  assert calls == ["a", "b"] * 3 and results == {"a": 5, "b": 6}
+  assert set(seconds) == {"a", "b"} and all(s >= 0 for s in seconds.values())
+  calls.clear()
+  timing.interleaved_seconds({"a": make("a"), "b": make("b")}, 2, warmup=True)
+  assert calls == ["a", "b"] * 3  # one untimed warm-up round, then two timed
+
+
+def test_repeated_seconds_warm_up_and_statistics(monkeypatch):
+  calls, make = _recorder()
+  first, median = timing.repeated_seconds(make("f"), 4)
+  assert len(calls) == 5 and first >= 0 and median >= 0
+  calls.clear()
+  first, _ = timing.repeated_seconds(make("f"), 4, warmup=False)
+  assert len(calls) == 4 and math.isnan(first)
+  durations = iter([3.0, 1.0, 2.0])
+  monkeypatch.setattr(timing, "timed_call", lambda fn: (next(durations), fn()))
+  assert timing.repeated_seconds(lambda: None, 3, warmup=False, statistic="min")[1] == 1.0
+  with pytest.raises(ValueError, match="statistic"):
+    timing.repeated_seconds(lambda: None, 1, statistic="mean")
+
+
+def test_timed_call_blocks_on_device_results():
+  seconds, result = timing.timed_call(lambda: jnp.ones((64, 64)) @ jnp.ones((64, 64)))
+  assert seconds > 0 and np.asarray(result)[0, 0] == 64.0
+  assert timing.timed_call(lambda: {"host": np.zeros(2)})[1]["host"].shape == (2,)
