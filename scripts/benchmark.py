@@ -31,7 +31,6 @@ the geometric mean over prompts with the 95% Student-t interval of the mean log-
 
 import itertools
 import os
-import time
 
 import _bootstrap  # repository root on sys.path; run(main)
 import numpy as np
@@ -42,7 +41,7 @@ from specdec_jax.gamma import adaptive, machine_costs
 
 from specdec_jax.bench import prompt_sets
 from specdec_jax.decoding import speculative as spec
-from specdec_jax.bench import studies
+from specdec_jax.bench import studies, timing
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -81,10 +80,8 @@ def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: di
                               draft_config=pair.draft_config, gamma=args.statics["gamma"],
                               max_new_tokens=config.max_new_tokens,
                               adaptive_gamma=args.costs is not None)
-  t0 = time.perf_counter()
-  spec.speculative_step.lower(pair.target_params, pair.draft_params, state, costs=args.costs,
-                              **args.statics).compile()
-  return time.perf_counter() - t0
+  return timing.timed_call(lambda: spec.speculative_step.lower(
+      pair.target_params, pair.draft_params, state, costs=args.costs, **args.statics).compile())[0]
 
 
 def predicted_speedup(alpha: float, histogram: dict, c: float, v: dict) -> float:

@@ -17,15 +17,13 @@ numpy's BLAS is slowed by OPENBLAS_CORETYPE on these machines (env notes); for a
 fair numpy figure run with `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE`.
 """
 
-import time
-
 import _bootstrap  # repository root on sys.path; run(main)
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from specdec_jax.bench import studies
+from specdec_jax.bench import studies, timing
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
@@ -94,11 +92,7 @@ def bandwidth_gbs() -> float:
   """Memory bandwidth from a 512 MB numpy copy (bytes read + written / s), best of 5."""
   a = np.ones(128 * 1024 * 1024, np.float32)
   b = np.empty_like(a)
-  best = 1e9
-  for _ in range(5):
-    t0 = time.perf_counter()
-    np.copyto(b, a)
-    best = min(best, time.perf_counter() - t0)
+  _, best = timing.repeated_seconds(lambda: np.copyto(b, a), 5, warmup=False, statistic="min")
   return 2 * a.nbytes / best / 1e9
 
 
@@ -122,9 +116,9 @@ def product_costs(cfg, params, widths, repeats) -> dict:
     xs = [np.ones((k, m.shape[0]), np.float32) for m in mats]
     hx = np.ones((k, cfg.embed_dim), np.float32)
     jxs, jhx = [jnp.asarray(x) for x in xs], jnp.asarray(hx)
-    products(jxs, jmats, jhx, jembed)  # compile
-    xla = median(lambda: products(jxs, jmats, jhx, jembed), repeats)
-    ref = median(lambda: [x @ m for x, m in zip(xs, mats)] + [hx @ embed.T], repeats)
+    _, xla = timing.repeated_seconds(lambda: products(jxs, jmats, jhx, jembed), repeats)
+    _, ref = timing.repeated_seconds(  # numpy: nothing to compile
+        lambda: [x @ m for x, m in zip(xs, mats)] + [hx @ embed.T], repeats, warmup=False)
     out[k] = dict(xla_ms=1e3 * xla, numpy_ms=1e3 * ref)
   forward_v = studies.verify_cost_curve(unstack_layers(params), cfg, batch=1, context=96,
                                         max_tokens=max(widths), repeats=repeats)
@@ -133,15 +127,6 @@ def product_costs(cfg, params, widths, repeats) -> dict:
       out[k][name.replace("_ms", "_v")] = out[k][name] / out[widths[0]][name]
     out[k]["forward_v"] = forward_v[k]
   return out
-
-
-def median(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
 
 
 def main(argv):
@@ -169,20 +154,19 @@ def main(argv):
     def run(steps, p=p):
       return autoregressive_generate(p, [prompt], target_config=cfg, max_new_tokens=steps,
                                      sampling=greedy).tokens
-    t0 = time.perf_counter()
-    run(n + 1)
-    figures[f"{layout}_first_call_s"] = time.perf_counter() - t0
-    run(1)
-    per_token = (median(lambda: run(n + 1), _REPEATS.value)
-                 - median(lambda: run(1), _REPEATS.value)) / n
+    first, t_long = timing.repeated_seconds(lambda: run(n + 1), _REPEATS.value)
+    figures[f"{layout}_first_call_s"] = first
+    _, t_short = timing.repeated_seconds(lambda: run(1), _REPEATS.value)
+    per_token = (t_long - t_short) / n
     figures[f"{layout}_ms_per_token"] = 1e3 * per_token
     ours = run(n + 1)[0].tolist()
 
   decode = numpy_decoder(cfg, params)
   ref = decode(prompt, 8)
   figures["numpy_matches_jax_greedy"] = ref == ours[:8]
-  t_short = median(lambda: decode(prompt, 1), 2)
-  t_long = median(lambda: decode(prompt, 17), 2)
+  # numpy, run above: nothing to compile, no warm-up call
+  _, t_short = timing.repeated_seconds(lambda: decode(prompt, 1), 2, warmup=False)
+  _, t_long = timing.repeated_seconds(lambda: decode(prompt, 17), 2, warmup=False)
   figures["numpy_ms_per_token"] = 1e3 * (t_long - t_short) / 16
 
   bw = bandwidth_gbs()
@@ -195,10 +179,9 @@ def main(argv):
   pos = jnp.arange(length)[None]
   prefill = jax.jit(lambda p: forward(p, toks, pos, init_cache(cfg, 1, length), config=cfg,
                                       return_logits=False)[1]["k"])
-  t0 = time.perf_counter()
-  jax.block_until_ready(prefill(up))
-  figures["prefill_compile_s"] = time.perf_counter() - t0
-  figures["prefill_tokens_per_s"] = length / median(lambda: prefill(up), _REPEATS.value)
+  first, seconds = timing.repeated_seconds(lambda: prefill(up), _REPEATS.value)
+  figures["prefill_compile_s"] = first
+  figures["prefill_tokens_per_s"] = length / seconds
 
   for key, value in figures.items():
     print(f"{key:28s} {value:.2f}" if isinstance(value, float) else f"{key:28s} {value}")
