@@ -87,8 +87,7 @@ def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: di
 def predicted_speedup(alpha: float, histogram: dict, c: float, v: dict) -> float:
   """The prediction at α over the γ a run used ({γ: steps}):
   Σ_γ n_γ E[tokens](α, γ) / Σ_γ n_γ (γ c + v(γ+1)); one γ: `studies.predicted_speedup`."""
-  tokens = sum(n * (studies.expected_tokens_per_step(alpha, g) if g else 1.0)
-               for g, n in histogram.items())
+  tokens = studies.expected_tokens_total(alpha, histogram)
   return tokens / sum(n * (g * c + v[g + 1]) for g, n in histogram.items())
 
 

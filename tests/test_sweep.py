@@ -79,6 +79,8 @@ def test_predicted_tokens_per_step_formula(two_runs):
   assert studies.expected_tokens_per_step(0.0, 4) == pytest.approx(1.0)
   assert studies.expected_tokens_per_step(1.0, 4) == 5.0
   assert studies.expected_tokens_per_step(0.8, 3) == pytest.approx(2.952)
+  assert studies.expected_tokens_total(0.5, {0: 2, 2: 3}) == pytest.approx(2 + 3 * 1.75)
+  assert studies.expected_tokens_total(float("nan"), {0: 4}) == 4.0  # nothing drafted
   for row in two_runs[0][0]["grid"]:
     assert row["predicted_tokens_per_step"] == pytest.approx(
         (1 - row["alpha"] ** (row["gamma"] + 1)) / (1 - row["alpha"]))

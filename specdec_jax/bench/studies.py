@@ -39,6 +39,13 @@ def expected_tokens_per_step(alpha: float, gamma: int) -> float:
   return float((1.0 - alpha ** (gamma + 1)) / (1.0 - alpha))
 
 
+def expected_tokens_total(alpha: float, histogram: dict[int, int]) -> float:
+  """Σ_γ n_γ E(α, γ): the expected tokens of the steps a run took ({γ: steps}); a plain
+  step (γ = 0) counts 1 token whatever α (also NaN, where nothing was drafted)."""
+  return sum(n * (expected_tokens_per_step(alpha, g) if g else 1.0)
+             for g, n in histogram.items())
+
+
 def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
   """E[tokens/step] / (γ c + v(γ+1)); verify_cost = 1 gives Leviathan's formula."""
   return expected_tokens_per_step(alpha, gamma) / (gamma * c + verify_cost)
@@ -176,8 +183,7 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   alpha = out.alpha()
   histogram = adaptive.gamma_histogram(out.gammas)
   used = sum(histogram.values())
-  predicted = sum(n * (expected_tokens_per_step(alpha, g) if g else 1.0)
-                  for g, n in histogram.items()) / max(used, 1)
+  predicted = expected_tokens_total(alpha, histogram) / max(used, 1)
   summary = SideBySide(
       gamma=gamma, batch=len(prompts), max_new_tokens=max_new_tokens,
       ar_tokens_per_s=float(ar_tps), sd_tokens_per_s=float(sd_tps),
