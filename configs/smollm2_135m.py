@@ -69,7 +69,7 @@ def get_config() -> ml_collections.ConfigDict:
   # docs/results.md#gamma-rules).
   c.gamma_max = 6
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
-  # A token tree per step (specdec_jax.decoding.tree_decode; an independent or feature draft, fixed
+  # A token tree per step (specdec_jax.decoding.tree_step; any draft, a fixed
   # gamma): branching per depth, e.g. '2,2,1' (TreeShape.from_branching); '' = a chain.
   c.tree = ""
   c.tree_rule = "sampled"  # 'sampled' (SpecInfer, i.i.d. children) | 'topk' (draft's top-k)

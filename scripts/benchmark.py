@@ -37,11 +37,10 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
+from specdec_jax.bench import prompt_sets, studies, timing
+from specdec_jax.decoding import loop, step
+from specdec_jax.decoding.spec import DecodeSpec, make_proposer, prepare, resolve_verifier
 from specdec_jax.gamma import adaptive, machine_costs
-
-from specdec_jax.bench import prompt_sets
-from specdec_jax.decoding import speculative as spec
-from specdec_jax.bench import studies, timing
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -55,33 +54,27 @@ _VERIFIERS = flags.DEFINE_list("verifiers", None,
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 
 
-def tree_options(config) -> dict:
-  """--config.tree ('2,2,1' = TreeShape.from_branching; 'paths:0,1,00' = from_paths; '' =
-  a chain; `tree_shapes.parse_tree`) and tree_rule, as speculative_generate's keywords
-  ({} for a chain)."""
-  tree = parse_tree(config.get("tree", ""))
-  if tree is None:
-    return {}
-  return dict(tree=tree, tree_rule=str(config.get("tree_rule", "sampled")))
+def run_spec(pair, config, gamma: int | str, verifier: str, auto: dict) -> DecodeSpec:
+  """The DecodeSpec of one benchmark row: gamma (an int, or 'auto' with `auto`'s table and
+  gamma_max) or --config.tree ('2,2,1' = TreeShape.from_branching; 'paths:0,1,00' =
+  from_paths; '' = a chain; `tree_shapes.parse_tree`) with tree_rule."""
+  proposer = make_proposer(gamma, tree=parse_tree(config.get("tree", "")),
+                           tree_rule=str(config.get("tree_rule", "sampled")),
+                           **(auto if gamma == "auto" else {}))
+  return DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling, verifier=verifier,
+                    vocab_size=pair.vocab_size)
 
 
-def step_compile_seconds(pair, config, gamma: int | str, verifier: str, auto: dict) -> float:
+def step_compile_seconds(pair, config, spec: DecodeSpec) -> float:
   """Seconds to lower and compile the jitted `speculative_step` alone (NaN for a tree,
-  whose loop body is `tree_decode.tree_step_fn`)."""
-  if tree_options(config):
+  whose loop body is `tree_step.tree_step_fn`)."""
+  if spec.tree is not None:
     return float("nan")
-  args = spec.prepare_generate(
-      pair.prompts, target_config=pair.target_config, draft_config=pair.draft_config,
-      gamma=gamma, max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
-      seed=config.seed, row_ids=None, eos_id=None, pad_id=0, vocab_size=pair.vocab_size,
-      verifier=verifier, **(auto if gamma == "auto" else {}))
-  state = spec.init_state_jit(pair.target_params, pair.draft_params, args.tokens,
-                              args.prompt_len, args.row_keys, target_config=pair.target_config,
-                              draft_config=pair.draft_config, gamma=args.statics["gamma"],
-                              max_new_tokens=config.max_new_tokens,
-                              adaptive_gamma=args.costs is not None)
-  return timing.timed_call(lambda: spec.speculative_step.lower(
-      pair.target_params, pair.draft_params, state, costs=args.costs, **args.statics).compile())[0]
+  prepared = prepare(pair.target, pair.draft, pair.prompts, spec, seed=config.seed)
+  state = loop.prefill(pair.target, pair.draft_params, prepared)
+  return timing.timed_call(lambda: step.speculative_step.lower(
+      pair.target_params, pair.draft_params, state, prepared.costs,
+      target_config=pair.target_config, draft=prepared.draft, spec=prepared.spec).compile())[0]
 
 
 def predicted_speedup(alpha: float, histogram: dict, c: float, v: dict) -> float:
@@ -109,11 +102,9 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
                    v: dict, auto: dict) -> dict:
   """Every prompt of a set alone at batch 1; prints its lines and the per-domain table."""
   res = studies.side_by_side_per_prompt(
-      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config, prompts,
-      domains=[r.domain for r in records], ids=[r.id for r in records], gamma=gamma,
-      max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
-      repeats=config.repeats, vocab_size=pair.vocab_size, verifier=verifier,
-      **(auto if gamma == "auto" else {}), **tree_options(config))
+      pair.target, pair.draft, prompts, domains=[r.domain for r in records],
+      ids=[r.id for r in records], spec=run_spec(pair, config, gamma, verifier, auto),
+      seed=config.seed, repeats=config.repeats)
   for record, p in zip(records, res["prompts"]):
     p["chat"] = record.chat
   print(f"gamma {gamma}  verifier {verifier}")
@@ -144,7 +135,7 @@ def main(argv):
   gammas = [machine_costs.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
   verifiers = list(_VERIFIERS.value or [pair.verifier])
   for name in verifiers:
-    spec.resolve_verifier(name)  # a clear error for an unknown name, before any work
+    resolve_verifier(name)  # a clear error for an unknown name, before any work
   prompts = prompt_sets.encode(pair.tokenizer, records) if records else pair.prompts
   batch = 1 if records else len(prompts)  # a prompt set runs prompt by prompt
   auto = {}
@@ -157,8 +148,9 @@ def main(argv):
     if not table.drafting_pays(gamma_max):
       print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
             "steps here (generate and run decode autoregressively)")
+  tree = parse_tree(config.get("tree", ""))
   widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)]
-               + ([tree_options(config)["tree"].call_nodes] if tree_options(config) else []))
+               + ([tree.call_nodes] if tree is not None else []))
   context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
   c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
                                pair.draft_config, batch=batch, context=context)
@@ -182,17 +174,13 @@ def main(argv):
     if records:
       rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v, auto))
       continue
-    compile_s = step_compile_seconds(pair, config, gamma, verifier, auto)
-    res = studies.side_by_side(
-        pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-        pair.prompts, gamma=gamma, max_new_tokens=config.max_new_tokens,
-        sampling=pair.sampling, seed=config.seed, repeats=config.repeats,
-        vocab_size=pair.vocab_size, verifier=verifier, **(auto if gamma == "auto" else {}),
-        **tree_options(config))
+    spec = run_spec(pair, config, gamma, verifier, auto)
+    compile_s = step_compile_seconds(pair, config, spec)
+    res = studies.side_by_side(pair.target, pair.draft, pair.prompts, spec=spec,
+                               seed=config.seed, repeats=config.repeats)
     pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
-    if tree_options(config):  # measured tokens per call over (D draft calls + v(N+1))
-      shape = tree_options(config)["tree"]
-      pred = res.tokens_per_step / (shape.max_depth * c + v[shape.call_nodes + 1])
+    if tree is not None:  # measured tokens per call over (D draft calls + v(N+1))
+      pred = res.tokens_per_step / (tree.max_depth * c + v[tree.call_nodes + 1])
     fixed = gamma != "auto"
     row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1] if fixed else None,
            "predicted_speedup": pred,

@@ -32,7 +32,8 @@ from specdec_jax.gamma import adaptive, machine_costs
 from specdec_jax.models import sharding
 from specdec_jax.loading import load_pair
 from specdec_jax.decoding.parallel import mesh_generate
-from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, TreeProposal
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeatable); default: config")
@@ -46,37 +47,33 @@ def main(argv):
   sharding.initialize_distributed(config.get("distributed", ""))  # before any other JAX work
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer
-  kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
-            eos_id=tok.eos_id, pad_id=tok.eos_id, vocab_size=pair.vocab_size)
-  gamma_kw = {}
+  proposer = None
   if pair.draft_config is not None:  # None: drafting does not pay here (one line said so)
-    gamma_kw = machine_costs.gamma_arguments(
+    proposer = machine_costs.config_proposer(
         config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
-    if gamma_kw is None:
-      pair.draft_config, gamma_kw = None, {}
+    if proposer is None:
+      pair.draft_config = None
+  spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
+                    verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
+  kw = dict(seed=config.seed, pad_id=tok.eos_id)
   if config.get("mesh", ""):
-    if gamma_kw.get("gamma") == "auto":
-      raise ValueError("gamma 'auto' runs on one device; pass --config.gamma=<int> with "
-                       "--config.mesh")
+    if isinstance(proposer, (AutoGamma, TreeProposal)):
+      raise ValueError("gamma 'auto' and trees run on one device; pass --config.gamma=<int> "
+                       "and no --config.tree with --config.mesh")
     mesh = sharding.make_mesh(config.mesh)
-    target_params = sharding.shard_params(pair.target_params, mesh)
-    draft_params = (None if pair.draft_params is None
-                    else sharding.shard_params(pair.draft_params, mesh))
+    target = pair.target._replace(params=sharding.shard_params(pair.target_params, mesh))
+    draft = pair.draft
+    if draft is not None and draft.params is not None:
+      draft = draft._replace(params=sharding.shard_params(draft.params, mesh))
 
     def run():
-      return mesh_generate(target_params, draft_params, pair.prompts, mesh=mesh,
-                           target_config=pair.target_config, draft_config=pair.draft_config,
-                           verifier=pair.verifier, **gamma_kw, **kw)
+      return mesh_generate(target, draft, pair.prompts, mesh=mesh, spec=spec, **kw)
   elif pair.draft_config is None:
     def run():
-      return autoregressive_generate(pair.target_params, pair.prompts,
-                                     target_config=pair.target_config, **kw)
+      return autoregressive_generate(pair.target, pair.prompts, spec=spec, **kw)
   else:
     def run():
-      return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
-                                  target_config=pair.target_config,
-                                  draft_config=pair.draft_config, verifier=pair.verifier,
-                                  **gamma_kw, **kw)
+      return speculative_generate(pair.target, pair.draft, pair.prompts, spec=spec, **kw)
   t0 = time.perf_counter()
   out = run()  # includes compilation
   first = time.perf_counter() - t0
@@ -94,8 +91,9 @@ def main(argv):
       text=rows[0]["text"], tokens=rows[0]["tokens"], rows=rows if len(rows) > 1 else None,
       mode="speculative" if speculative else "autoregressive",
       target=config.target, draft=config.draft if speculative else "none",
-      gamma=gamma_kw["gamma"] if speculative else 0,
-      gamma_max=gamma_kw.get("gamma_max") if speculative else None,
+      gamma=(("auto" if spec.adaptive else spec.gamma) if speculative else 0),
+      gamma_max=spec.gamma if spec.adaptive else None,
+      tree=config.get("tree", "") if spec.tree is not None else None,
       gamma_histogram=(adaptive.gamma_histogram(out.gammas) if speculative else None),
       temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p, seed=config.seed, mesh=config.get("mesh", ""),

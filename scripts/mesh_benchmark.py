@@ -25,7 +25,8 @@ from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 from specdec_jax.decoding.parallel import mesh_generate
-from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
@@ -44,37 +45,34 @@ def main(argv):
                      "--config.mesh")
   pair = load_pair(config)
   mesh = sharding.make_mesh(config.mesh)
-  kw = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling, seed=config.seed,
-            vocab_size=pair.vocab_size)
+  spec = DecodeSpec(config.max_new_tokens, FixedGamma(gamma), sampling=pair.sampling,
+                    verifier=pair.verifier, vocab_size=pair.vocab_size)
   modes = [("autoregressive", None)]
   if pair.draft_config is not None:
-    modes.append(("speculative", pair.draft_config))
+    modes.append(("speculative", pair.draft))
   rows = []
   if jax.process_index() == 0:
     print(f"target {config.target}  draft {config.draft}  mesh {config.mesh}  "
           f"devices {jax.device_count()}  batch {len(pair.prompts)}  "
           f"T={pair.sampling.temperature}  gamma {config.gamma}  seed {config.seed}")
     print("mode | vocab | 1-device tok/s | mesh tok/s | mesh / 1 device | same tokens | split")
-  for mode, draft_config in modes:
-    if draft_config is None:
+  for mode, draft in modes:
+    if draft is None:
       def one():
-        return autoregressive_generate(pair.target_params, pair.prompts,
-                                       target_config=pair.target_config, **kw)
+        return autoregressive_generate(pair.target, pair.prompts, spec=spec, seed=config.seed)
     else:
       def one():
-        return speculative_generate(pair.target_params, pair.draft_params, pair.prompts,
-                                    target_config=pair.target_config, draft_config=draft_config,
-                                    gamma=gamma, verifier=pair.verifier, **kw)
+        return speculative_generate(pair.target, draft, pair.prompts, spec=spec,
+                                    seed=config.seed)
     for shard_vocab in (False, True):
-      target = sharding.shard_params(pair.target_params, mesh, shard_vocab=shard_vocab)
-      draft = (None if draft_config is None else
-               sharding.shard_params(pair.draft_params, mesh, shard_vocab=shard_vocab))
+      target = pair.target._replace(params=sharding.shard_params(pair.target_params, mesh,
+                                                                 shard_vocab=shard_vocab))
+      placed = None if draft is None else draft._replace(
+          params=sharding.shard_params(draft.params, mesh, shard_vocab=shard_vocab))
 
       def on_mesh():
-        return mesh_generate(target, draft, pair.prompts, mesh=mesh,
-                             target_config=pair.target_config, draft_config=draft_config,
-                             gamma=gamma if draft_config is not None else 0,
-                             verifier=pair.verifier, **kw)
+        return mesh_generate(target, placed, pair.prompts, mesh=mesh, spec=spec,
+                             seed=config.seed)
       first = {"one": one(), "mesh": on_mesh()}  # compile both
       med, _ = timing.interleaved_seconds({"one": one, "mesh": on_mesh}, config.repeats)
       tokens = int(first["one"].lengths.sum())

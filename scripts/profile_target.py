@@ -29,7 +29,9 @@ from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
 from specdec_jax.models.model import forward, init_cache, unstack_layers
 from specdec_jax.models.sampling import SamplingConfig
-from specdec_jax.decoding.speculative import autoregressive_generate
+from specdec_jax.decoding.loop import autoregressive_generate
+from specdec_jax.decoding.spec import DecodeSpec
+from specdec_jax.models.model import Model
 
 _TOKENS = flags.DEFINE_integer("tokens", 64, "decoded tokens per timed run")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "timed runs (median)")
@@ -152,8 +154,8 @@ def main(argv):
   greedy = SamplingConfig(temperature=0.0)
   for layout, p in (("stacked", params), ("unstacked", unstack_layers(params))):
     def run(steps, p=p):
-      return autoregressive_generate(p, [prompt], target_config=cfg, max_new_tokens=steps,
-                                     sampling=greedy).tokens
+      return autoregressive_generate(Model(cfg, p), [prompt],
+                                     spec=DecodeSpec(steps, sampling=greedy)).tokens
     first, t_long = timing.repeated_seconds(lambda: run(n + 1), _REPEATS.value)
     figures[f"{layout}_first_call_s"] = first
     _, t_short = timing.repeated_seconds(lambda: run(1), _REPEATS.value)

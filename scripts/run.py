@@ -38,7 +38,9 @@ from specdec_jax.gamma import machine_costs
 
 from specdec_jax.bench import studies
 from specdec_jax.loading import encode_prompts, load_draft, load_pair
-from specdec_jax.decoding.speculative import autoregressive_generate
+from specdec_jax.decoding.loop import autoregressive_generate
+from specdec_jax.decoding.spec import DecodeSpec
+from specdec_jax.drafts.registry import as_draft
 from specdec_jax.models.sampling import SamplingConfig
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -106,24 +108,22 @@ def side_by_side(pair, config, texts, prompt_width: int | None = None) -> None:
   prompt_width; plain decoding alone where this machine's cost table says drafting does
   not pay."""
   tok = pair.tokenizer
-  gamma_kw = machine_costs.gamma_arguments(
+  proposer = machine_costs.config_proposer(
       config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"),
       prompt_width=prompt_width)
-  common = dict(max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
-                seed=config.seed, eos_id=tok.eos_id, vocab_size=pair.vocab_size,
-                prompt_width=prompt_width)
-  if gamma_kw is None:
+  spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
+                    verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
+  if proposer is None:
     t0 = time.perf_counter()
-    out = autoregressive_generate(pair.target_params, pair.prompts,
-                                  target_config=pair.target_config, **common)
+    out = autoregressive_generate(pair.target, pair.prompts, spec=spec, seed=config.seed,
+                                  prompt_width=prompt_width)
     print_texts(tok, texts, out)
     print(f"autoregressive {out.lengths.sum() / (time.perf_counter() - t0):.1f} tok/s "
           f"(compile included)")
     return
-  res, out = studies.side_by_side(
-      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-      pair.prompts, repeats=config.repeats, return_results=True, verifier=pair.verifier,
-      **gamma_kw, **common)
+  res, out = studies.side_by_side(pair.target, pair.draft, pair.prompts, spec=spec,
+                                  seed=config.seed, repeats=config.repeats,
+                                  prompt_width=prompt_width, return_results=True)
   report(tok, texts, res, out, config)
 
 
@@ -132,8 +132,9 @@ def prompt_lookup(pair, config, prompts, prompt_width: int | None = None) -> Non
   (tokenized)."""
   tok = pair.tokenizer
   draft_config, _ = load_draft(config.draft, tok, pair.target_config, None)
-  if draft_config is None or draft_config.kind != "ngram":
-    raise ValueError(f"--lookup_config must name an 'ngram:<n>' draft, got {config.draft!r}")
+  if draft_config is None or as_draft(draft_config).model_config is not None:
+    raise ValueError(f"--lookup_config must name a prompt-lookup draft ('ngram:<n>'), got "
+                     f"{config.draft!r}")
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))
   print("\n--- prompt lookup: drafts copied from earlier in the text, at no draft cost")

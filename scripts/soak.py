@@ -20,7 +20,8 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax.gamma import adaptive, machine_costs
-from specdec_jax.decoding import speculative as spec
+from specdec_jax.decoding import loop
+from specdec_jax.decoding.spec import AutoGamma, DecodeSpec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -62,26 +63,25 @@ def main(argv):
     raise ValueError("soak needs a draft: set --config.draft")
   batch = len(pair.prompts)
   prompts = prompt_windows(pair, 64 * batch, _PROMPT_TOKENS.value, config.seed)
-  gamma_kw = machine_costs.gamma_arguments(  # gamma 'auto': this machine's cost table
+  proposer = machine_costs.config_proposer(  # gamma 'auto': this machine's cost table
       config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
-  if gamma_kw is None:  # drafting does not pay here: soak the loop with plain steps anyway
+  if proposer is None:  # drafting does not pay here: soak the loop with plain steps anyway
     gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-    gamma_kw = dict(gamma="auto", gamma_max=gamma_max, costs=machine_costs.table_for(
-        pair, gamma_max=gamma_max, directory=os.path.join(_bootstrap.ROOT, "runs", "costs")))
-  kw = dict(target_config=pair.target_config, draft_config=pair.draft_config,
-            max_new_tokens=config.max_new_tokens, sampling=pair.sampling,
-            vocab_size=pair.vocab_size, verifier=pair.verifier, **gamma_kw)
+    proposer = AutoGamma(machine_costs.table_for(
+        pair, gamma_max=gamma_max, directory=os.path.join(_bootstrap.ROOT, "runs", "costs")),
+        gamma_max)
+  spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
+                    verifier=pair.verifier, vocab_size=pair.vocab_size)
   record, steps, tokens, call = [], 0, 0, 0
   clock = time.perf_counter()
   while (steps < _STEPS.value) if _STEPS.value else (tokens < _TOKENS.value):
     rows = [prompts[(call * batch + b) % len(prompts)] for b in range(batch)]
-    out = spec.speculative_generate(pair.target_params, pair.draft_params, rows, seed=call,
-                                    **kw)
+    out = loop.speculative_generate(pair.target, pair.draft, rows, spec=spec, seed=call)
     steps += int(out.steps_per_row.max())
     tokens += int(out.lengths.sum())
     call += 1
     record.append(dict(call=call, steps=steps, tokens=tokens, rss=resident_bytes(),
-                       compiled=spec.run_steps_jit._cache_size()))
+                       compiled=loop.run_steps_jit._cache_size()))
   rss = np.array([r["rss"] for r in record])
   drift = float(np.max(np.abs(rss - rss[0])) / rss[0])
   summary = dict(calls=call, steps=steps, tokens=tokens, seconds=time.perf_counter() - clock,

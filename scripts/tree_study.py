@@ -12,7 +12,7 @@ template) in one batch, padded to the longest, 32 new tokens (no EOS stop), seed
 target SmolLM2-135M and the feature draft 'saved:drafts/smollm2_feature_v1' alone (no
 lookup). Per configuration: tokens per target call = emitted tokens / steps of each row,
 the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..4
-(block verifier, the default) at T=0 and T=1, and trees (`tree_decode`) with rule 'topk'
+(block verifier, the default) at T=0 and T=1, and trees (`decoding.tree_step`) with rule 'topk'
 at T=0 and both rules at T=1. A shape is a branching per depth ('3x2x1') or 'best:N':
 the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below), or
 'dynamic:N:<shape>': those candidate nodes, of which each row sends its N likeliest
@@ -54,9 +54,10 @@ import jax
 import numpy as np
 from configs import smollm2_135m
 from specdec_jax.bench import prompt_sets, studies
-from specdec_jax.decoding import tree_decode
+from specdec_jax.decoding import loop, tree_step
+from specdec_jax.decoding.spec import DecodeSpec, FixedGamma, TreeProposal
+from specdec_jax.models.model import Model
 from specdec_jax.verification import tree_shapes
-from specdec_jax.decoding import speculative as spec
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_models
@@ -102,8 +103,8 @@ def caterpillar(width: int, depth: int) -> TreeShape:
 @contextlib.contextmanager
 def recorded_paths(log: list):
   """Within: every tree step appends (done [B], path [B,D], num_accepted [B]) to log
-  (host callbacks in step order around `tree_decode.tree_verify`)."""
-  step_fn, verify = tree_decode.tree_step_fn, tree_decode.tree_verify
+  (host callbacks in step order around `tree_step.tree_verify`)."""
+  step_fn, verify = loop.tree_step_fn, tree_step.tree_verify
   done_at = []
 
   def recording_step(target_params, draft_params, state, **kw):
@@ -116,11 +117,11 @@ def recorded_paths(log: list):
                                                 np.asarray(m))), path, n, ordered=True)
     return path, block, n
 
-  tree_decode.tree_step_fn, tree_decode.tree_verify = recording_step, recording_verify
+  loop.tree_step_fn, tree_step.tree_verify = recording_step, recording_verify
   try:
     yield log
   finally:
-    tree_decode.tree_step_fn, tree_decode.tree_verify = step_fn, verify
+    loop.tree_step_fn, tree_step.tree_verify = step_fn, verify
 
 
 def rank_table(generate) -> dict:
@@ -130,7 +131,7 @@ def rank_table(generate) -> dict:
   ranks = np.asarray(shape.child_rank)
   log = []
   with recorded_paths(log):
-    out = generate(dict(gamma=1, tree=shape, tree_rule="topk"), 0.0, None)
+    out = generate(TreeProposal(shape, "topk"), 0.0, None)
   rows = out.tokens.shape[0]
   reached = np.zeros((rows, PROBE_DEPTH), np.int64)
   hits = np.zeros((rows, PROBE_DEPTH, PROBE_K), np.int64)
@@ -244,14 +245,14 @@ def main(_):
       metric="tokens per target call = emitted tokens / loop steps, per prompt (row); "
              "mean over prompts with the 95% Student-t interval"), rows=[])
 
-  def generate(kw, temp, rows):
+  def generate(proposer, temp, rows):
     """Decodes the prompts `rows` (None: all), padded to the whole set's width."""
     chosen = ids if rows is None else [ids[i] for i in rows]
-    return spec.speculative_generate(
-        models.target_params, draft_params, chosen, target_config=models.target_config,
-        draft_config=draft_cfg, max_new_tokens=new, sampling=SamplingConfig(temp), seed=0,
-        row_ids=None if rows is None else np.asarray(rows), vocab_size=models.vocab_size,
-        prompt_width=width, **kw)
+    return loop.speculative_generate(
+        Model(models.target_config, models.target_params), Model(draft_cfg, draft_params),
+        chosen, spec=DecodeSpec(new, proposer, sampling=SamplingConfig(temp),
+                                vocab_size=models.vocab_size),
+        seed=0, row_ids=None if rows is None else np.asarray(rows), prompt_width=width)
 
   table = mix = None
   if _APPEND.value:
@@ -279,14 +280,14 @@ def main(_):
   for label, kind, what, rule, temp in plan(table):
     t0 = time.perf_counter()
     if kind == "chain":
-      per_row = generate(dict(gamma=what), temp, None)
+      per_row = generate(FixedGamma(what), temp, None)
       per_row = per_row.lengths / per_row.steps_per_row
       nodes = depth = what
       shapes = [TreeShape.chain(what)]
     else:
       per_row = np.zeros(len(ids))
       for rows, shape in what:
-        out = generate(dict(gamma=1, tree=shape, tree_rule=rule), temp, rows)
+        out = generate(TreeProposal(shape, rule), temp, rows)
         per_row[slice(None) if rows is None else rows] = out.lengths / out.steps_per_row
       shapes = [shape for _, shape in what]
       nodes = shapes[0].call_nodes  # a dynamic tree's budget: the nodes of one target call

@@ -3,11 +3,10 @@
   tokenizer  'smollm2' | '<path>.gguf' | 'bytes'
   target     'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
   draft      'none' | 'saved:<dir>' | 'truncate:<k>' (the target's first k layers and
-             head) | 'random' (dims from config.draft_model) | 'ngram:<n>' (prompt
-             lookup of up to n trailing tokens, no params; `ngram.NgramDraft`) |
-             'hybrid:<n>' (lookup where the last n tokens occurred before, else the
-             feature draft named by config.feature_draft, e.g. 'saved:<dir>';
-             `ngram.HybridDraft`)
+             head) | 'random' (dims from config.draft_model) | a kind of
+             `drafts.registry` ('ngram:<n>': prompt lookup of up to n trailing tokens, no
+             params; 'hybrid:<n>': lookup where the last n tokens occurred before, else
+             the draft named by config.feature_draft, e.g. 'saved:<dir>')
 
 Every model on a tokenizer's vocabulary is checked against it; a saved draft
 carries the tokenizer identity it was trained with, and a mismatch is an error.
@@ -24,8 +23,11 @@ import jax.numpy as jnp
 
 from specdec_jax.models.model import ModelConfig, init_params
 
+from specdec_jax.drafts import registry
+from specdec_jax.drafts.base import Draft
+from specdec_jax.models.model import Model
+
 if TYPE_CHECKING:
-  from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
   from specdec_jax.models.sampling import SamplingConfig
 
 
@@ -92,21 +94,25 @@ def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
 
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
                seed: int = 0, feature_draft: str | None = None):
-  """(config, params) of the draft, (NgramDraft, None) for 'ngram:<n>', (None, None) for
-  'none'; for 'hybrid:<n>', (HybridDraft, params) around the draft named `feature_draft`."""
+  """(config, params) of the draft: a model draft's ModelConfig and params, a registered
+  kind's Draft (`drafts.registry`: (NgramDraft, None) for 'ngram:<n>'; for 'hybrid:<n>' a
+  HybridDraft around the draft named `feature_draft`, with its params), (None, None) for
+  'none'."""
   if name in ("none", "", None):
     return None, None
-  if name.startswith("hybrid:"):
-    from specdec_jax.drafts.ngram import HybridDraft
-    if not feature_draft or feature_draft.startswith(("hybrid:", "ngram:")):
-      raise ValueError(f"draft {name!r} needs config.feature_draft to name a feature draft "
-                       f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
-    cfg, params = load_draft(feature_draft, tokenizer, target_config, target_params, dims=dims,
-                             seed=seed)
-    if getattr(cfg, "kind", None) != "feature":
-      raise ValueError(f"draft {name!r}: config.feature_draft {feature_draft!r} is not a "
-                       f"feature draft (kind {getattr(cfg, 'kind', None)!r})")
-    return HybridDraft.from_name(name, cfg), params
+  if registry.is_registered(name):
+    inner, params = None, None
+    if registry.needs_inner(name):
+      if not feature_draft or registry.is_registered(feature_draft):
+        raise ValueError(f"draft {name!r} needs config.feature_draft to name a model draft "
+                         f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
+      cfg, params = load_draft(feature_draft, tokenizer, target_config, target_params,
+                               dims=dims, seed=seed)
+      inner = registry.from_model_config(cfg)
+      if not inner.follows_emitted:
+        raise ValueError(f"draft {name!r}: config.feature_draft {feature_draft!r} is not a "
+                         f"feature draft (its state would not follow the lookup's tokens)")
+    return registry.make(name, inner), params
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
@@ -123,9 +129,6 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     params = dict(target_params)
     params["layers"] = jax.tree_util.tree_map(lambda x: x[:k], target_params["layers"])
     return cfg, params
-  if name.startswith("ngram:"):
-    from specdec_jax.drafts.ngram import NgramDraft
-    return NgramDraft.from_name(name), None
   if name == "random":
     if dims is None:
       raise ValueError("draft 'random' needs config.draft_model dims")
@@ -133,7 +136,7 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
                        norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed))
   raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>', "
-                   "'random', 'ngram:<n>' or 'hybrid:<n>'")
+                   f"'random' or a registered kind {registry.kinds()} as '<kind>:<n>'")
 
 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
@@ -161,7 +164,8 @@ def as_jax(params):
 def _vocab_size(tokenizer, target_config: ModelConfig, draft_configs) -> int:
   """The tokenizer's vocabulary: padded model rows past it are cut (exact zeros)."""
   sizes = [target_config.vocab_size, tokenizer.vocab_size]
-  sizes += [cfg.vocab_size for cfg in draft_configs if cfg is not None and cfg.kind != "ngram"]
+  drafts = [registry.as_draft(cfg) for cfg in draft_configs if cfg is not None]
+  sizes += [d.vocab_size for d in drafts if d.vocab_size is not None]
   return min(sizes)
 
 
@@ -215,21 +219,32 @@ class Pair:
   tokenizer: object
   target_config: ModelConfig
   target_params: dict
-  draft_config: "ModelConfig | NgramDraft | HybridDraft | None"
+  draft_config: "ModelConfig | Draft | None"
   draft_params: dict | None
   prompts: list[list[int]]
   sampling: "SamplingConfig"
-  verifier: str = "block"  # 'block' | 'token' (speculative.VERIFIERS)
+  verifier: str = "block"  # 'block' | 'token' (`decoding.spec.VERIFIERS`)
 
   @property
   def vocab_size(self) -> int:
     return _vocab_size(self.tokenizer, self.target_config, [self.draft_config])
 
+  @property
+  def target(self) -> Model:
+    return Model(self.target_config, self.target_params)
+
+  @property
+  def draft(self) -> Model | None:
+    """The draft as the generate functions take it (None: no draft)."""
+    if self.draft_config is None:
+      return None
+    return Model(registry.as_draft(self.draft_config), self.draft_params)
+
 
 def load_pair(config, prompts: list[str] | None = None) -> Pair:
   """Tokenizer, target, draft (`load_models`), encoded prompts and sampling rules."""
   from specdec_jax.models.sampling import SamplingConfig
-  from specdec_jax.decoding.speculative import DEFAULT_VERIFIER, resolve_verifier
+  from specdec_jax.decoding.spec import DEFAULT_VERIFIER, resolve_verifier
 
   sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
                             top_p=float(config.top_p))

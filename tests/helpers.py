@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: tiny random models and a chi-square check."""
+"""Helpers shared by the tests: tiny random models, decoding a pair, a chi-square check."""
 
 import itertools
 
@@ -7,11 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import stats
 
+from specdec_jax import (DecodeSpec, FixedGamma, GenerationResult, Model, SamplingConfig,
+                         autoregressive_generate, speculative_generate)
 from specdec_jax.models.model import ModelConfig, forward, init_cache, init_params, param_shapes
 from specdec_jax.models.sampling import warp
 
 # A correct sampler fails a chi-square test at this level with probability 1e-3.
 SIGNIFICANCE = 1e-3
+GREEDY = SamplingConfig(temperature=0.0)
 
 
 @jax.jit
@@ -49,7 +52,8 @@ def chi_square_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: floa
   probs = np.asarray(probs, np.float64)
   counts = np.bincount(samples, minlength=len(probs))
   assert len(counts) == len(probs), "sampled an out-of-range id"
-  assert counts[probs == 0].sum() == 0, f"sampled impossible outcomes: {np.flatnonzero(counts * (probs == 0))}"
+  impossible = np.flatnonzero(counts * (probs == 0))
+  assert impossible.size == 0, f"sampled impossible outcomes: {impossible}"
   keep = probs > 0
   expected = probs[keep] / probs[keep].sum() * counts.sum()
   observed = counts[keep]
@@ -115,3 +119,28 @@ def law_of_continuations(config, params, sampling, prompt, vocab: int, new: int)
                      np.float64)
   start = len(prompt) - 1
   return probs[np.arange(len(seqs))[:, None], start + np.arange(new)[None, :], seqs].prod(1)
+
+
+def speculative(pair, prompts, *, gamma: int, max_new_tokens: int, seed=0, row_ids=None,
+                pad_id: int = 0, prompt_width: int | None = None, **spec_fields):
+  """`speculative_generate` with pair = (target, params, draft, params) and a fixed γ;
+  spec_fields are the rest of the `DecodeSpec` (sampling, verifier, eos_id, vocab_size)."""
+  target, tp, draft, dp = pair
+  spec = DecodeSpec(max_new_tokens, FixedGamma(gamma), **spec_fields)
+  return speculative_generate(Model(target, tp), Model(draft, dp), prompts, spec=spec,
+                              seed=seed, row_ids=row_ids, pad_id=pad_id,
+                              prompt_width=prompt_width)
+
+
+def assert_greedy_equals_autoregressive(pair, prompts, *, gamma: int = 3,
+                                        max_new_tokens: int = 16,
+                                        **spec_fields) -> GenerationResult:
+  """Greedy speculative decoding with pair's draft emits greedy autoregressive decoding's
+  tokens; returns the speculative result (spec_fields: the verifier, say)."""
+  target, tp = pair[:2]
+  plain = autoregressive_generate(Model(target, tp), prompts,
+                                  spec=DecodeSpec(max_new_tokens, sampling=GREEDY))
+  out = speculative(pair, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
+                    sampling=GREEDY, **spec_fields)
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  return out

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import (SIGNIFICANCE, chi_square_pvalue, complete_with_fresh_draws, tiny_config,
-                     tiny_model)
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from helpers import (SIGNIFICANCE, assert_greedy_equals_autoregressive, chi_square_pvalue,
+                     complete_with_fresh_draws, speculative, tiny_model)
+from specdec_jax import SamplingConfig
 from specdec_jax.models.sampling import warp
 from specdec_jax.verification.verify import block_verify, valid_proposals, verify
 from test_exactness import (NEW, PROMPT, ROWS, VOCAB, exact_sequence_probs, pair,  # noqa: F401
@@ -211,11 +211,10 @@ def nan_after_first(verifier):
 
 
 def _generate(case, gamma, sampling, verifier, seed):
-  target, tp, draft, dp, wrap = case
-  return speculative_generate(tp, dp, [PROMPT] * ROWS, target_config=target,
-                              draft_config=draft, gamma=gamma, max_new_tokens=NEW,
-                              sampling=sampling, seed=seed,
-                              verifier=verifier if wrap is None else wrap(verifier))
+  wrap = case[4]
+  return speculative(case[:4], [PROMPT] * ROWS, gamma=gamma, max_new_tokens=NEW,
+                     sampling=sampling, seed=seed,
+                     verifier=verifier if wrap is None else wrap(verifier))
 
 
 BROKEN = ("nan_params", "nan_one_layer", "inf_logits", "zero_mass", "nan_after_first")
@@ -266,12 +265,8 @@ GREEDY_FAST = {("nan_params", "block"), ("zero_mass", "token"), ("nan_after_firs
     for kind in BROKEN for name in sorted(VERIFIERS)])
 def test_greedy_with_broken_draft_equals_autoregressive(pair, kind, name):
   """T = 0: the speculative tokens equal plain greedy decoding, whatever the draft."""
-  target, tp, draft, dp, wrap = broken_draft(pair, kind)
-  greedy = SamplingConfig(temperature=0.0)
-  prompts = [PROMPT, [2, 0], [3, 3, 1, 2]]
+  case = broken_draft(pair, kind)
+  wrap = case[4]
   verifier = VERIFIERS[name] if wrap is None else wrap(VERIFIERS[name])
-  spec = speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
-                              gamma=3, max_new_tokens=8, sampling=greedy, verifier=verifier)
-  ar = autoregressive_generate(tp, prompts, target_config=target, max_new_tokens=8,
-                               sampling=greedy)
-  np.testing.assert_array_equal(spec.tokens, ar.tokens)
+  assert_greedy_equals_autoregressive(case[:4], [PROMPT, [2, 0], [3, 3, 1, 2]], gamma=3,
+                                      max_new_tokens=8, verifier=verifier)

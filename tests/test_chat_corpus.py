@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import noise_params, tiny_config
-from specdec_jax.decoding import speculative
+from specdec_jax.decoding import loop
 from specdec_jax.distill import chat_corpus
 from specdec_jax.loading import ByteTokenizer
 
@@ -71,21 +71,21 @@ def test_resumes_after_a_kill_between_batches_with_identical_output(target, tmp_
   row's answer depends on (seed, row id, prompt, settings) only)."""
   full = _generate(tmp_path / "full", target)
   calls = []
-  real = speculative.autoregressive_generate
+  real = loop.autoregressive_generate
 
   def dying(*args, **kw):
     if len(calls) == 2:
       raise KeyboardInterrupt("killed")
     calls.append(1)
     return real(*args, **kw)
-  monkeypatch.setattr(speculative, "autoregressive_generate", dying)
+  monkeypatch.setattr(loop, "autoregressive_generate", dying)
   with pytest.raises(KeyboardInterrupt):
     _generate(tmp_path / "cut", target)
   [directory] = (tmp_path / "cut").iterdir()
   assert len(list(directory.glob("batch_*.json"))) == 2
   assert not list(directory.glob(".*.tmp"))
   calls.clear()
-  monkeypatch.setattr(speculative, "autoregressive_generate",
+  monkeypatch.setattr(loop, "autoregressive_generate",
                       lambda *a, **k: (calls.append(1), real(*a, **k))[1])
   resumed = _generate(tmp_path / "cut", target)
   assert len(calls) == 3  # batches 2, 3 and 4 only
@@ -101,8 +101,8 @@ def test_more_samples_extend_the_cached_answers(target, tmp_path, monkeypatch):
   samples of every document stay as they were."""
   two = _generate(tmp_path, target)
   calls = []
-  real = speculative.autoregressive_generate
-  monkeypatch.setattr(speculative, "autoregressive_generate",
+  real = loop.autoregressive_generate
+  monkeypatch.setattr(loop, "autoregressive_generate",
                       lambda *a, **k: (calls.append(len(a[1])), real(*a, **k))[1])
   three = _generate(tmp_path, target, samples=3)
   assert sum(calls) == len(INSTRUCTIONS)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from helpers import (SIGNIFICANCE, chi_square_pvalue, law_feature_pair, law_of_continuations,
-                     law_pair, tiny_model)
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+                     law_pair, speculative, tiny_model)
+from specdec_jax import DecodeSpec, Model, SamplingConfig, autoregressive_generate
 from specdec_jax.verification.verify import block_verify, verify
 
 VOCAB, NEW, ROWS = 4, 4, 40_000
@@ -41,10 +41,8 @@ def sequence_index(tokens: np.ndarray) -> np.ndarray:
 
 
 def sample_sequences(pair, gamma, sampling, verifier=verify, seed=0):
-  target, tp, draft, dp = pair
-  out = speculative_generate(tp, dp, [PROMPT] * ROWS, target_config=target, draft_config=draft,
-                             gamma=gamma, max_new_tokens=NEW, sampling=sampling, seed=seed,
-                             verifier=verifier)
+  out = speculative(pair, [PROMPT] * ROWS, gamma=gamma, max_new_tokens=NEW, sampling=sampling,
+                    seed=seed, verifier=verifier)
   assert (out.lengths == NEW).all()
   return out
 
@@ -137,8 +135,8 @@ def test_autoregressive_follows_target_distribution(pair):
   target, tp, _, _ = pair
   sampling = SamplingConfig(temperature=1.0, top_p=0.9)
   exact = exact_sequence_probs(target, tp, sampling)
-  out = autoregressive_generate(tp, [PROMPT] * ROWS, target_config=target, max_new_tokens=NEW,
-                                sampling=sampling, seed=1)
+  out = autoregressive_generate(Model(target, tp), [PROMPT] * ROWS,
+                                spec=DecodeSpec(NEW, sampling=sampling), seed=1)
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
 

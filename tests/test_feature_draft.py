@@ -12,16 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate, warp
+from helpers import (GREEDY, assert_greedy_equals_autoregressive, speculative, tiny_config,
+                     tiny_model)
+from specdec_jax import DecodeSpec, Model, SamplingConfig, autoregressive_generate, warp
 from specdec_jax import distill
-from specdec_jax.decoding import speculative as spec
 from specdec_jax.distill import feature_cache as fc
+from specdec_jax.drafts.feature import FeatureDraft
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.models.model import (forward, init_cache, init_params, unrolled_feature_logits,
                                unstack_layers)
 
-GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
 
 
@@ -35,11 +35,8 @@ def feature_pair():
   return target, tp, draft, tiny_model(draft, 1, factor=3.0)
 
 
-def generate(pair, prompts=PROMPTS, gamma=3, **kw):
-  target, tp, draft, dp = pair
-  kw.setdefault("max_new_tokens", 16)
-  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
-                              gamma=gamma, **kw)
+def generate(pair, prompts=PROMPTS, gamma=3, max_new_tokens=16, **kw):
+  return speculative(pair, prompts, gamma=gamma, max_new_tokens=max_new_tokens, **kw)
 
 
 def test_hidden_layers_are_the_residual_stream(feature_pair):
@@ -94,11 +91,7 @@ def test_decode_equals_training_time_test_unroll(feature_pair, gamma):
 @pytest.mark.parametrize("gamma", [pytest.param(1, marks=pytest.mark.slow), 2,
                                    pytest.param(4, marks=pytest.mark.slow)])
 def test_greedy_feature_speculative_equals_greedy_autoregressive(feature_pair, gamma):
-  target, tp = feature_pair[:2]
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
-  sp = generate(feature_pair, gamma=gamma, sampling=GREEDY)
-  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  sp = assert_greedy_equals_autoregressive(feature_pair, PROMPTS, gamma=gamma)
   np.testing.assert_array_equal(sp.lengths, [16] * len(PROMPTS))
 
 
@@ -106,12 +99,8 @@ def test_greedy_equality_with_an_accepting_draft(feature_pair):
   """A draft trained to agree (tiny distillation below) accepts often; greedy output is
   still the target's, token for token, on rows that accept different counts."""
   target, tp, draft, _ = feature_pair
-  dp = _trained_draft(feature_pair)
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
-  sp = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                            gamma=3, max_new_tokens=16, sampling=GREEDY)
-  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  sp = assert_greedy_equals_autoregressive((target, tp, draft, _trained_draft(feature_pair)),
+                                           PROMPTS)
   assert sp.acceptance_rate() > 0.5
   per_row = {tuple(r[r >= 0]) for r in sp.accepted}
   assert len(per_row) > 1
@@ -133,7 +122,7 @@ def test_feature_draft_checks(feature_pair):
   with pytest.raises(ValueError, match="feature_width"):
     tiny_config(layers=1, feature_layers=(1,), feature_width=0)
   with pytest.raises(ValueError, match="target width 16"):
-    spec.check_feature_draft(draft.replace(feature_width=16), target)
+    FeatureDraft(draft.replace(feature_width=16)).check(dp, target)
   with pytest.raises(ValueError, match=r"fuses target layers \(1, 4\)"):
     generate((target, tp, draft.replace(feature_layers=(1, 4)), dp))
   with pytest.raises(ValueError, match="fuse is"):
@@ -172,8 +161,8 @@ def _greedy_corpus(feature_pair, rows=32, length=16):
   target, tp = feature_pair[:2]
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 32, 2).tolist() for _ in range(rows)]
-  out = autoregressive_generate(tp, prompts, target_config=target, max_new_tokens=length - 2,
-                                sampling=GREEDY)
+  out = autoregressive_generate(Model(target, tp), prompts,
+                                spec=DecodeSpec(length - 2, sampling=GREEDY))
   return np.concatenate([np.asarray(prompts), out.tokens], axis=1).astype(np.int32)
 
 

@@ -11,10 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from helpers import (SIGNIFICANCE, assert_greedy_equals_autoregressive, chi_square_pvalue,
+                     tiny_config, tiny_model)
+from specdec_jax import SamplingConfig
 from specdec_jax.loading import ByteTokenizer, load_draft
-from specdec_jax.drafts import ngram
+from specdec_jax.drafts import ngram, registry
 from specdec_jax.drafts.ngram import NgramDraft, propose
 from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import (assert_naive_verifier_fails, exact_sequence_probs, sample_sequences,
@@ -92,23 +93,18 @@ def test_greedy_ngram_equals_greedy_autoregressive(verifier):
   """T=0: identical tokens to plain greedy decoding, with many drafts accepted (a tiny
   random model's greedy text falls into loops, which the lookup then predicts)."""
   target = tiny_config(vocab=32, layers=2, width=32, max_seq_len=128)
-  params = tiny_model(target, 3)
+  pair = (target, tiny_model(target, 3), NgramDraft(3), None)
   prompts = [[1, 2, 3, 4, 1, 2, 3], [7, 7, 7], [5, 9, 11, 30, 2]]
-  greedy = SamplingConfig(temperature=0.0)
-  plain = autoregressive_generate(params, prompts, target_config=target, max_new_tokens=60,
-                                  sampling=greedy)
   for gamma in (1, 4):
-    spec = speculative_generate(params, None, prompts, target_config=target,
-                                draft_config=NgramDraft(3), gamma=gamma, max_new_tokens=60,
-                                sampling=greedy, verifier=verifier)
-    np.testing.assert_array_equal(spec.tokens, plain.tokens)
-    assert spec.tokens_per_step() > 1.2  # measured 1.22 at γ=1, 1.32 at γ=4
+    out = assert_greedy_equals_autoregressive(pair, prompts, gamma=gamma, max_new_tokens=60,
+                                              verifier=verifier)
+    assert out.tokens_per_step() > 1.2  # measured 1.22 at γ=1, 1.32 at γ=4
 
 
 def test_ngram_draft_names_and_errors():
   tok = ByteTokenizer()
   cfg, params = load_draft("ngram:3", tok, None, None)
-  assert cfg == NgramDraft(3) and params is None and cfg.kind == "ngram"
+  assert cfg == NgramDraft(3) and params is None and cfg == registry.make("ngram:3")
   for bad in ("ngram:0", "ngram:x", "ngram:"):
     with pytest.raises(ValueError, match="ngram"):
       load_draft(bad, tok, None, None)

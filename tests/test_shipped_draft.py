@@ -5,10 +5,9 @@ with it gives greedy autoregressive decoding's tokens. Skipped until the draft e
 import json
 import pathlib
 
-import numpy as np
 import pytest
 
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from helpers import assert_greedy_equals_autoregressive
 from specdec_jax import loading
 from specdec_jax.io import checkpoint as ckpt_lib
 
@@ -30,10 +29,5 @@ def test_shipped_draft_matches_its_target_and_decodes_exactly():
   ckpt_lib.check_draft_target(meta, target_config, target_params, where=str(SHIPPED.name))
   prompts = loading.encode_prompts(tokenizer, ["Write a haiku about the sea.",
                                                "def fibonacci(n):"], chat=False)
-  greedy = SamplingConfig(temperature=0.0)
-  plain = autoregressive_generate(target_params, prompts, target_config=target_config,
-                                  max_new_tokens=12, sampling=greedy)
-  spec = speculative_generate(target_params, params, prompts, target_config=target_config,
-                              draft_config=config, gamma=3, max_new_tokens=12,
-                              sampling=greedy)
-  assert np.array_equal(spec.tokens, plain.tokens)
+  assert_greedy_equals_autoregressive((target_config, target_params, config, params), prompts,
+                                      gamma=3, max_new_tokens=12)

@@ -5,25 +5,34 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import greedy_draft_pair, tiny_config, tiny_model
+from helpers import (GREEDY, assert_greedy_equals_autoregressive, greedy_draft_pair,
+                     speculative, tiny_config, tiny_model)
 from specdec_jax import (
+    DecodeSpec,
+    FixedGamma,
+    Model,
     SamplingConfig,
     autoregressive_generate,
     forward,
     init_cache,
     speculative_generate,
 )
-from specdec_jax.decoding import speculative as spec
+from specdec_jax.decoding import loop, results, step
+from specdec_jax.decoding.spec import prepare
 
-GREEDY = SamplingConfig(temperature=0.0)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
 
 
-def generate(pair, prompts=PROMPTS, gamma=3, **kw):
-  target, tp, draft, dp = pair
-  kw.setdefault("max_new_tokens", 16)
-  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
-                              gamma=gamma, **kw)
+def generate(pair, prompts=PROMPTS, gamma=3, max_new_tokens=16, **kw):
+  return speculative(pair, prompts, gamma=gamma, max_new_tokens=max_new_tokens, **kw)
+
+
+def autoregressive(target, params, prompts=PROMPTS, max_new_tokens=16, seed=0,
+                   prompt_width=None, pad_id=0, **spec_fields):
+  """Autoregressive decoding of PROMPTS (spec_fields: sampling, eos_id)."""
+  return autoregressive_generate(Model(target, params), prompts,
+                                 spec=DecodeSpec(max_new_tokens, **spec_fields), seed=seed,
+                                 prompt_width=prompt_width, pad_id=pad_id)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +43,7 @@ def greedy_pair():
 
 @pytest.mark.parametrize("gamma", [1, 3, pytest.param(5, marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_greedy_autoregressive(greedy_pair, gamma):
-  target, tp, _, _ = greedy_pair
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
-  sp = generate(greedy_pair, gamma=gamma, sampling=GREEDY)
-  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+  sp = assert_greedy_equals_autoregressive(greedy_pair, PROMPTS, gamma=gamma)
   np.testing.assert_array_equal(sp.lengths, [16] * len(PROMPTS))
   # The rows really accept different numbers of tokens, step by step.
   per_row = [sp.accepted[b][sp.accepted[b] >= 0].tolist() for b in range(len(PROMPTS))]
@@ -49,7 +54,7 @@ def test_greedy_speculative_equals_greedy_autoregressive(greedy_pair, gamma):
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_greedy_block_verification_equals_token_verification(greedy_pair, gamma):
   """Greedy: both verifiers reduce to argmax matching (same tokens, same acceptances)."""
-  token = generate(greedy_pair, gamma=gamma, sampling=GREEDY)
+  token = generate(greedy_pair, gamma=gamma, sampling=GREEDY, verifier="token")
   block = generate(greedy_pair, gamma=gamma, sampling=GREEDY, verifier="block")
   np.testing.assert_array_equal(block.tokens, token.tokens)
   np.testing.assert_array_equal(block.accepted, token.accepted)
@@ -61,8 +66,7 @@ def test_greedy_with_vocabulary_subset_draft(greedy_pair):
   """A draft head over half the vocabulary: tokens outside it are always rejected
   drafts' corrections, and the output is still the greedy target's."""
   target, tp, draft, dp = greedy_pair
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
+  ar = autoregressive(target, tp, sampling=GREEDY)
   subset = tuple(sorted(set(range(0, 32, 2)) | set(ar.tokens[:2].ravel().tolist())))
   sub = draft.replace(tie_embeddings=False, head_tokens=subset)
   sub_params = {**dp, "head": dp["embed"].T[:, jnp.asarray(subset)]}
@@ -75,11 +79,9 @@ def test_greedy_with_vocabulary_subset_draft(greedy_pair):
 
 def test_greedy_with_eos_stops_each_row(greedy_pair):
   target, tp, _, _ = greedy_pair
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
+  ar = autoregressive(target, tp, sampling=GREEDY)
   eos = int(ar.tokens[0, 5])  # a token that row 0 emits, so at least one row stops early
-  ar_eos = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                                   sampling=GREEDY, eos_id=eos, pad_id=31)
+  ar_eos = autoregressive(target, tp, sampling=GREEDY, eos_id=eos, pad_id=31)
   sp_eos = generate(greedy_pair, sampling=GREEDY, eos_id=eos, pad_id=31)
   np.testing.assert_array_equal(sp_eos.tokens, ar_eos.tokens)
   np.testing.assert_array_equal(sp_eos.lengths, ar_eos.lengths)
@@ -93,8 +95,8 @@ def test_greedy_with_eos_stops_each_row(greedy_pair):
 def test_draft_equal_to_target_accepts_everything(tiny_pair):
   target, tp, _, _ = tiny_pair
   gamma = 4
-  out = speculative_generate(tp, tp, PROMPTS, target_config=target, draft_config=target,
-                             gamma=gamma, max_new_tokens=15, sampling=SamplingConfig(1.0))
+  out = speculative_generate(Model(target, tp), Model(target, tp), PROMPTS,
+                             spec=DecodeSpec(15, FixedGamma(gamma), SamplingConfig(1.0)))
   live = out.accepted >= 0
   assert (out.accepted[live] == gamma).all()
   assert out.num_steps == 3  # 15 tokens at gamma + 1 = 5 per step
@@ -180,42 +182,43 @@ def test_per_row_seeds(tiny_pair):
 
 # ------------------------------------------------------------------ compilation
 
-def test_step_and_loop_compile_once(tiny_pair):
-  target, tp, draft, dp = tiny_pair
-  statics = dict(target_config=target, draft_config=draft, gamma=2,
-                 sampling=SamplingConfig(0.8), vocab_size=target.vocab_size, eos_id=None,
-                 max_new_tokens=12)
-  args = spec.prepare_generate(PROMPTS, seed=0, row_ids=None, pad_id=0, vocab_size=None,
-                               verifier=None, **{k: statics[k] for k in (
-                                   "target_config", "draft_config", "gamma", "sampling",
-                                   "max_new_tokens")}, eos_id=None)
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                          target_config=target, draft_config=draft, gamma=2, max_new_tokens=12)
-  before = spec.speculative_step._cache_size()
-  for _ in range(4):
-    state = spec.speculative_step(tp, dp, state, **statics)
-  assert spec.speculative_step._cache_size() == before + 1
-  assert int(state.step) == 4 and (np.asarray(state.num_tokens) > args.prompt_len).all()
+def prepared_state(pair, spec: DecodeSpec, seed=0):
+  """(prepared, state): `spec.prepare` of PROMPTS and the prefilled `DecodeState` (the
+  `loop.init_state_jit` the generate functions compile)."""
+  target, tp, draft, dp = pair
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, spec, seed=seed)
+  state = loop.init_state_jit(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys,
+                              target_config=target, draft=prepared.draft, gamma=spec.gamma,
+                              max_new_tokens=spec.max_new_tokens)
+  return prepared, state
 
-  loop_before = spec.run_steps_jit._cache_size()
+
+def test_step_and_loop_compile_once(tiny_pair):
+  target, tp, _, dp = tiny_pair
+  prepared, state = prepared_state(tiny_pair, DecodeSpec(12, FixedGamma(2), SamplingConfig(0.8)))
+  statics = dict(target_config=target, draft=prepared.draft, spec=prepared.spec)
+  before = step.speculative_step._cache_size()
+  for _ in range(4):
+    state = step.speculative_step(tp, dp, state, None, **statics)
+  assert step.speculative_step._cache_size() == before + 1
+  assert int(state.step) == 4 and (np.asarray(state.num_tokens) > prepared.prompt_len).all()
+
+  loop_before = loop.run_steps_jit._cache_size()
   for seed in range(3):
     generate(tiny_pair, gamma=2, max_new_tokens=12, sampling=SamplingConfig(0.8), seed=seed)
-  assert spec.run_steps_jit._cache_size() == loop_before + 1
+  assert loop.run_steps_jit._cache_size() == loop_before + 1
 
 
 def test_manual_steps_equal_the_loop(tiny_pair):
   """The jitted step, called from Python, gives the loop's tokens."""
-  target, tp, draft, dp = tiny_pair
+  target, tp, _, dp = tiny_pair
   sampling = SamplingConfig(1.0)
   looped = generate(tiny_pair, gamma=2, max_new_tokens=10, sampling=sampling, seed=2)
-  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=draft, gamma=2,
-                               max_new_tokens=10, sampling=sampling, seed=2, row_ids=None,
-                               eos_id=None, pad_id=0, vocab_size=None, verifier=None)
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                          target_config=target, draft_config=draft, gamma=2, max_new_tokens=10)
+  prepared, state = prepared_state(tiny_pair, DecodeSpec(10, FixedGamma(2), sampling), seed=2)
   while not bool(state.done.all()):
-    state = spec.speculative_step(tp, dp, state, **args.statics)
-  stepped = spec._finish(state, 10, 0)
+    state = step.speculative_step(tp, dp, state, None, target_config=target,
+                                  draft=prepared.draft, spec=prepared.spec)
+  stepped = results.finish(state, 10, 0)
   np.testing.assert_array_equal(stepped.tokens, looped.tokens)
 
 
@@ -259,25 +262,22 @@ def test_vocab_mismatch_raises(tiny_pair):
   target, tp, _, _ = tiny_pair
   other = tiny_config(vocab=40, layers=1, width=16)
   with pytest.raises(ValueError, match="vocabulary mismatch"):
-    speculative_generate(tp, tiny_model(other, 2), PROMPTS, target_config=target,
-                         draft_config=other, gamma=2, max_new_tokens=4)
+    generate((target, tp, other, tiny_model(other, 2)), gamma=2, max_new_tokens=4)
 
 
 def test_padded_vocab_is_cut_to_the_true_vocabulary(tiny_pair):
   """A draft whose vocabulary is padded to 40 works with vocab_size=32 and never emits ids >= 32."""
   target, tp, _, _ = tiny_pair
   other = tiny_config(vocab=40, layers=1, width=16)
-  out = speculative_generate(tp, tiny_model(other, 2), PROMPTS, target_config=target,
-                             draft_config=other, gamma=2, max_new_tokens=8, vocab_size=32,
-                             sampling=SamplingConfig(1.0))
+  out = generate((target, tp, other, tiny_model(other, 2)), gamma=2, max_new_tokens=8,
+                 vocab_size=32, sampling=SamplingConfig(1.0))
   assert out.tokens.max() < 32
 
 
 def test_params_config_mismatch_raises(tiny_pair):
   target, tp, draft, dp = tiny_pair
   with pytest.raises(ValueError, match="draft params do not match"):
-    speculative_generate(tp, tp, PROMPTS, target_config=target, draft_config=draft, gamma=2,
-                         max_new_tokens=4)
+    generate((target, tp, draft, tp), gamma=2, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("sampling", [pytest.param(GREEDY, marks=pytest.mark.slow),
@@ -290,8 +290,8 @@ def test_prompt_width_pads_without_changing_tokens(greedy_pair, sampling):
   plain = generate(greedy_pair, sampling=sampling, seed=3)
   padded = generate(greedy_pair, sampling=sampling, seed=3, prompt_width=12)
   np.testing.assert_array_equal(padded.tokens, plain.tokens)
-  ar = [autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                                sampling=sampling, seed=3, prompt_width=w) for w in (None, 12)]
+  ar = [autoregressive(target, tp, sampling=sampling, seed=3, prompt_width=w)
+        for w in (None, 12)]
   np.testing.assert_array_equal(ar[1].tokens, ar[0].tokens)
   with pytest.raises(ValueError, match="prompt_width must be an int >= 1, got 0"):
     generate(greedy_pair, prompt_width=0)

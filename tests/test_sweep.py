@@ -8,7 +8,7 @@ import pytest
 
 from configs import sweep_tiny
 from specdec_jax.bench import studies, sweep, sweep_tables
-from specdec_jax.decoding.speculative import GenerationResult
+from specdec_jax.decoding.results import GenerationResult
 
 
 def small_config():

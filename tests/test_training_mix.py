@@ -14,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from helpers import assert_greedy_equals_autoregressive, tiny_config, tiny_model
 from specdec_jax.io import corpora, token_data
 from specdec_jax import distill
 from specdec_jax.io import checkpoint as ckpt_lib
@@ -165,13 +164,9 @@ def test_float16_save_round_trip_is_exact_greedily(feature_pair, tmp_path):
     assert np.array_equal(np.asarray(a), np.asarray(b).astype(np.float16).astype(np.float32))
   # test_feature_draft.py's pair, prompts and lengths: its compiled loops are reused.
   prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
-  greedy = SamplingConfig(temperature=0.0)
-  plain = autoregressive_generate(tp, prompts, target_config=target, max_new_tokens=16,
-                                  sampling=greedy)
-  spec = speculative_generate(tp, params, prompts, target_config=target, draft_config=config,
-                              gamma=3, max_new_tokens=16, sampling=greedy)
-  assert np.array_equal(spec.tokens, plain.tokens)
-  assert spec.acceptance_rate() > 0  # the draft did propose accepted tokens
+  out = assert_greedy_equals_autoregressive((target, tp, config, params), prompts, gamma=3,
+                                            max_new_tokens=16)
+  assert out.acceptance_rate() > 0  # the draft did propose accepted tokens
 
 
 def test_a_draft_is_checked_against_the_target_it_was_trained_for(feature_pair):

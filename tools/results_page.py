@@ -163,7 +163,7 @@ SECTIONS = (
     Section("trees", "tree_tokens_per_call.json", "tree_study",
             "Token trees against chains: tokens per target call on the held-out set",
             "Every held-out prompt in one batch, decoded with the shipped feature draft by "
-            "chains (block verifier) and by token trees (`tree_decode`; rule 'topk' at T = 0, "
+            "chains (block verifier) and by token trees (`decoding.tree_step`; rule 'topk' at T = 0, "
             "both rules at T = 1). Tokens per target call need no timing; the predicted "
             "speedup divides them by this machine's cost of the tree's target call and its D "
             "draft calls.",

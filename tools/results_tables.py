@@ -316,7 +316,7 @@ def tree_table(doc: dict) -> list[str]:
   if dynamic:
     lines += ["", "Dynamic trees (`TreeShape.budget`, rule 'topk'): each step a row sends to "
               "the target only the N of the candidate tree's nodes with the largest draft "
-              "path probability (logits / `tree_decode.SELECTION_TEMPERATURE`); the "
+              "path probability (logits / `tree_drafting.SELECTION_TEMPERATURE`); the "
               "candidates are the best-first tree named, cross-fitted as above; D is the "
               "deepest candidate, and D c undercounts their draft calls, which cover every "
               "candidate of a depth. Rows added by `tree_study.py --append` carry their own "

@@ -26,7 +26,10 @@ from specdec_jax.bench.timing import interleaved_seconds  # noqa: F401  (machine
 from specdec_jax.gamma import adaptive
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
-from specdec_jax.decoding.speculative import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.spec import DecodeSpec
+from specdec_jax.drafts.registry import as_draft
+from specdec_jax.models.model import Model
 
 # side_by_side_per_prompt pads each prompt to a multiple of this many tokens.
 PROMPT_BUCKET = 32
@@ -62,18 +65,16 @@ def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma
 def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
                  return_logits: bool = True, input_embed=None) -> Callable[[], object] | None:
   """A zero-argument call for `timing` (which blocks on its result): one cached forward
-  of `tokens` new tokens after `context` ones; None for an n-gram draft (no forward). See
-  `call_seconds`."""
-  if config.kind == "ngram":
+  of `tokens` new tokens after `context` ones; config None (a draft without a model, see
+  `Draft.model_config`) gives None. See `call_seconds`."""
+  if config is None:
     return None
-  if config.kind == "hybrid":  # timed as its feature draft, which runs every step
-    config = config.feature
   slots = context + tokens
   cache = {**init_cache(config, batch, slots), "length": jnp.full((batch,), context, jnp.int32)}
   toks = jnp.zeros((batch, tokens), jnp.int32)
   pos = context + jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (batch, tokens))
   feature = {}
-  if config.kind == "feature":
+  if config.feature_layers:  # a feature draft, timed as it drafts: on its own hidden state
     feature = dict(input_embed=input_embed, hidden_layers=(config.num_layers,),
                    context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
   return lambda: _timed_forward(params, toks, pos, cache, config=config,
@@ -114,8 +115,10 @@ def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
                      draft_config, *, batch: int, context: int,
                      repeats: int = 20) -> float:
   """c = draft step time / target step time (one token each, same batch and context),
-  the two calls timed in turn after a compiling call each (`timing.interleaved_seconds`)."""
-  draft = forward_call(draft_params, draft_config, batch=batch, tokens=1, context=context,
+  the two calls timed in turn after a compiling call each (`timing.interleaved_seconds`).
+  draft_config: a Draft or a model draft's ModelConfig; 0.0 for a draft without a model."""
+  draft = forward_call(draft_params, as_draft(draft_config).model_config, batch=batch,
+                       tokens=1, context=context,
                        input_embed=target_params.get("embed"))
   if draft is None:
     return 0.0
@@ -148,32 +151,23 @@ class SideBySide:
     return dataclasses.asdict(self)
 
 
-def side_by_side(target_params, target_config: ModelConfig, draft_params,
-                 draft_config: ModelConfig, prompts, *, gamma: int, max_new_tokens: int,
-                 sampling: SamplingConfig, seed: int = 0, repeats: int = 3,
-                 eos_id: int | None = None, vocab_size: int | None = None,
-                 return_results: bool = False, verifier: str | None = None,
-                 gamma_max: int | None = None, costs=None, prompt_width: int | None = None,
-                 tree=None, tree_rule: str = "sampled"):
+def side_by_side(target: Model, draft: Model, prompts, *, spec: DecodeSpec, seed: int = 0,
+                 repeats: int = 3, prompt_width: int | None = None,
+                 return_results: bool = False):
   """Times autoregressive and speculative generation alternately, median of repeats.
 
-  gamma 'auto' takes gamma_max and costs (`adaptive.CostTable`) as `speculative_generate`;
-  prompt_width pads the prompts of both (`speculative.prepare_prompts`); tree, tree_rule:
-  a token tree for the speculative run (`tree_decode`; its α reads 0, β is not recorded).
-  Returns a SideBySide, or (SideBySide, the speculative GenerationResult) with
-  return_results.
+  spec: the speculative run's `DecodeSpec` (the autoregressive run takes its sampling,
+  eos and vocabulary); prompt_width pads the prompts of both (`spec.prepare_prompts`).
+  A tree's α reads 0 (β is not recorded). Returns a SideBySide, or (SideBySide, the
+  speculative GenerationResult) with return_results.
   """
-  common = dict(max_new_tokens=max_new_tokens, sampling=sampling, seed=seed, eos_id=eos_id,
-                vocab_size=vocab_size, prompt_width=prompt_width)
+  common = dict(seed=seed, prompt_width=prompt_width)
 
   def ar():
-    return autoregressive_generate(target_params, prompts, target_config=target_config, **common)
+    return autoregressive_generate(target, prompts, spec=spec, **common)
 
   def sd():
-    return speculative_generate(target_params, draft_params, prompts,
-                                target_config=target_config, draft_config=draft_config,
-                                gamma=gamma, verifier=verifier, gamma_max=gamma_max,
-                                costs=costs, tree=tree, tree_rule=tree_rule, **common)
+    return speculative_generate(target, draft, prompts, spec=spec, **common)
 
   first = {name: timing.timed_call(fn)[0] for name, fn in (("ar", ar), ("sd", sd))}
   med, results = timing.interleaved_seconds({"ar": ar, "sd": sd}, repeats)
@@ -185,7 +179,8 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   used = sum(histogram.values())
   predicted = expected_tokens_total(alpha, histogram) / max(used, 1)
   summary = SideBySide(
-      gamma=gamma, batch=len(prompts), max_new_tokens=max_new_tokens,
+      gamma="auto" if spec.adaptive else spec.gamma, batch=len(prompts),
+      max_new_tokens=spec.max_new_tokens,
       ar_tokens_per_s=float(ar_tps), sd_tokens_per_s=float(sd_tps),
       speedup=float(sd_tps / ar_tps), ar_compile_s=first["ar"] - med["ar"],
       sd_compile_s=first["sd"] - med["sd"], acceptance_rate=out.acceptance_rate(), alpha=alpha,
@@ -194,13 +189,12 @@ def side_by_side(target_params, target_config: ModelConfig, draft_params,
   return (summary, out) if return_results else summary
 
 
-def side_by_side_per_prompt(target_params, target_config: ModelConfig, draft_params,
-                            draft_config: ModelConfig, prompts, *, domains, ids=None,
+def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, ids=None,
                             **kw) -> dict:
   """`side_by_side` on each prompt alone (batch 1), then a summary per domain and overall.
 
   prompts [P] token-id lists; domains [P] and ids [P] (default '0'..'P-1') label them;
-  kw as `side_by_side` (gamma, max_new_tokens, sampling, ...). Returns dict(prompts=[one
+  kw as `side_by_side` (spec, seed, repeats). Returns dict(prompts=[one
   dict per prompt: id, domain, prompt_tokens, tokens and the SideBySide fields],
   domains=`prompt_sets.domain_summary` rows: speedup as a geometric mean with the
   t-interval of the mean log-ratio, α and acceptance as means with t-intervals).
@@ -217,8 +211,8 @@ def side_by_side_per_prompt(target_params, target_config: ModelConfig, draft_par
   order = sorted(range(len(prompts)), key=lambda i: (widths[i], i))
   rows = [None] * len(prompts)
   for at, i in enumerate(order):
-    res, out = side_by_side(target_params, target_config, draft_params, draft_config,
-                            [prompts[i]], return_results=True, prompt_width=widths[i], **kw)
+    res, out = side_by_side(target, draft, [prompts[i]], return_results=True,
+                            prompt_width=widths[i], **kw)
     rows[i] = dict(id=ids[i], domain=domains[i], prompt_tokens=len(prompts[i]),
                    prompt_width=widths[i], tokens=int(out.lengths.sum()), **res.to_dict())
     if at + 1 == len(order) or widths[order[at + 1]] != widths[i]:

@@ -48,8 +48,10 @@ from specdec_jax.bench.timing import interleaved_seconds, timed_call
 from specdec_jax.loading import Models
 from specdec_jax.io.machine import git_state, machine_stamp
 from specdec_jax.models.sampling import SamplingConfig
-from specdec_jax.decoding.speculative import (DEFAULT_VERIFIER, GenerationResult,
-                                     autoregressive_generate, speculative_generate)
+from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
+from specdec_jax.decoding.results import GenerationResult
+from specdec_jax.decoding.spec import DEFAULT_VERIFIER, DecodeSpec, FixedGamma
+from specdec_jax.models.model import Model
 
 
 # --------------------------------------------------------------------------- set-up
@@ -165,31 +167,30 @@ class _Runner:
     self.records = prompt_set(config)  # None, or the prompt set: per-domain rows below
     self.domain_rows, self.prompt_rows = [], []
 
-  def _common(self, temperature: float, max_new_tokens: int) -> dict:
+  def _spec(self, temperature: float, max_new_tokens: int, proposer=None) -> DecodeSpec:
     sampling = SamplingConfig(temperature=float(temperature), top_k=int(self.config.top_k),
                               top_p=float(self.config.top_p))
-    return dict(max_new_tokens=max_new_tokens, sampling=sampling, seed=self.config.seed,
-                eos_id=self.eos_id, pad_id=0, vocab_size=self.models.vocab_size)
+    return DecodeSpec(max_new_tokens, proposer, sampling=sampling,
+                      verifier=self.config.get("verifier", None) or DEFAULT_VERIFIER,
+                      eos_id=self.eos_id, vocab_size=self.models.vocab_size)
 
   def speculative(self, draft: str, groups, *, gamma: int, temperature: float,
                   max_new_tokens: int) -> Callable[[], list[GenerationResult]]:
     m = self.models
     _, cfg, params = m.drafts[draft]
-    kw = self._common(temperature, max_new_tokens)
-    return lambda: [speculative_generate(m.target_params, params, prompts,
-                                         target_config=m.target_config, draft_config=cfg,
-                                         gamma=gamma, row_ids=ids,
-                                         verifier=self.config.get("verifier", None),
-                                         **kw)
+    spec = self._spec(temperature, max_new_tokens, FixedGamma(gamma))
+    target = Model(m.target_config, m.target_params)
+    return lambda: [speculative_generate(target, Model(cfg, params), prompts, spec=spec,
+                                         seed=self.config.seed, row_ids=ids)
                     for ids, prompts in groups]
 
   def autoregressive(self, groups, *, temperature: float,
                      max_new_tokens: int) -> tuple[Callable, list[GenerationResult]]:
     """(fn, its results); the first request per setting pays the compile."""
     m = self.models
-    kw = self._common(temperature, max_new_tokens)
-    fn = lambda: [autoregressive_generate(m.target_params, prompts,  # noqa: E731
-                                          target_config=m.target_config, row_ids=ids, **kw)
+    spec, target = self._spec(temperature, max_new_tokens), Model(m.target_config, m.target_params)
+    fn = lambda: [autoregressive_generate(target, prompts, spec=spec,  # noqa: E731
+                                          seed=self.config.seed, row_ids=ids)
                   for ids, prompts in groups]
     # Keyed by the rows' ids and tokens: calls of one shape may hold other prompts.
     key = (float(temperature), max_new_tokens,

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_jax.bench import prompt_sets, studies
 from specdec_jax.io.atomic import atomic_write_json
-from specdec_jax.decoding.speculative import GenerationResult, reached_positions
+from specdec_jax.decoding.results import GenerationResult, reached_positions
 
 GRID_KEYS = ("draft_name", "temperature", "gamma")
 BATCH_KEYS = ("draft_name", "temperature", "gamma", "batch")

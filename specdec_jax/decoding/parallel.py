@@ -22,34 +22,27 @@ device or many.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_jax.decoding.loop import decode_loop, decode_loop_jit
+from specdec_jax.decoding.results import GenerationResult, finish
+from specdec_jax.decoding.spec import DecodeSpec, Prepared, prepare
+from specdec_jax.decoding.state import DecodeState
 from specdec_jax.models import sharding
-from specdec_jax.models.model import ModelConfig
-from specdec_jax.models.sampling import SamplingConfig
-from specdec_jax.decoding.speculative import (
-    DecodeState,
-    DraftConfig,
-    GenerationResult,
-    Verifier,
-    _check_params,
-    _finish,
-    decode_loop,
-    decode_loop_jit,
-    prepare_generate,
-)
+from specdec_jax.models.model import Model
 
 AXIS = "batch"
 
 
-def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, real, *,
+def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, real, costs, *,
                     statics):
   """decode_loop on this device's rows; real[b] is False for batch-padding rows."""
-  state = decode_loop(target_params, draft_params, tokens, prompt_len, row_keys,
+  state = decode_loop(target_params, draft_params, tokens, prompt_len, row_keys, costs,
                       axis_name=AXIS, **statics)
   live = (state.accepted >= 0) & real[:, None]
   stats = {
@@ -58,29 +51,31 @@ def _loop_and_stats(target_params, draft_params, tokens, prompt_len, row_keys, r
       "generated": jax.lax.psum(jnp.sum(jnp.where(real, state.num_tokens - state.prompt_len, 0)),
                                 AXIS),
   }
-  return state.replace(target_cache=None, draft_cache=None), stats
+  return state.replace(target_cache=None, draft_state=None), stats
 
 
-def _checked_args(target_params, draft_params, prompts, *, draft_config, **kw):
-  """Both models' params against their configs, then `prepare_generate` (row ids 0..B-1)."""
-  _check_params(target_params, kw["target_config"], "target")
-  if draft_config is not None:
-    _check_params(draft_params, draft_config, "draft")
-  return prepare_generate(prompts, draft_config=draft_config, row_ids=None, **kw)
+def _prepared(target: Model, draft: Model | None, prompts, spec: DecodeSpec, seed,
+              pad_id: int) -> Prepared:
+  """`prepare` with row ids 0..B-1 (a spec without a proposer when draft is None)."""
+  if draft is None and spec.proposer is not None:
+    spec = dataclasses.replace(spec, proposer=None)
+  return prepare(target, draft, prompts, spec, seed=seed, pad_id=pad_id)
+
+
+def _statics(target: Model, prepared: Prepared) -> dict:
+  return dict(target_config=target.config, draft=prepared.draft, spec=prepared.spec)
 
 
 @functools.lru_cache(maxsize=32)
 def _pmapped(statics_items: tuple, devices: tuple):
   fn = functools.partial(_loop_and_stats, statics=dict(statics_items))
-  return jax.pmap(fn, axis_name=AXIS, in_axes=(None, None, 0, 0, 0, 0), devices=list(devices))
+  return jax.pmap(fn, axis_name=AXIS, in_axes=(None, None, 0, 0, 0, 0, None),
+                  devices=list(devices))
 
 
-def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelConfig,
-                  draft_config: DraftConfig | None, gamma: int = 0, max_new_tokens: int,
-                  sampling: SamplingConfig | None = None, seed=0, eos_id: int | None = None,
-                  pad_id: int = 0, vocab_size: int | None = None,
-                  verifier: Verifier | None = None, devices=None):
-  """Speculative (or, with draft_config None, autoregressive) decoding on D devices.
+def pmap_generate(target: Model, draft: Model | None, prompts, *, spec: DecodeSpec, seed=0,
+                  pad_id: int = 0, devices=None) -> tuple[GenerationResult, dict]:
+  """Speculative (or, with draft None, autoregressive) decoding on D devices.
 
   Returns (GenerationResult, stats) where stats holds psum-reduced totals:
   steps_taken (row-steps), accepted (drafts accepted) and generated (tokens).
@@ -89,23 +84,21 @@ def pmap_generate(target_params, draft_params, prompts, *, target_config: ModelC
   """
   devices = tuple(jax.local_devices() if devices is None else devices)
   num_dev = len(devices)
-  args = _checked_args(target_params, draft_params, prompts, target_config=target_config,
-                       draft_config=draft_config, gamma=gamma, max_new_tokens=max_new_tokens,
-                       sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
-                       vocab_size=vocab_size, verifier=verifier)
-  batch = args.tokens.shape[0]
+  prepared = _prepared(target, draft, prompts, spec, seed, pad_id)
+  batch = prepared.tokens.shape[0]
   padded = _padded_rows(batch, num_dev)
 
   def shard(x):
     return _pad_rows(x, padded).reshape((num_dev, padded // num_dev) + x.shape[1:])
 
-  fn = _pmapped(tuple(sorted(args.statics.items(), key=lambda kv: kv[0])), devices)
-  state, stats = fn(target_params, draft_params, shard(args.tokens), shard(args.prompt_len),
-                    shard(args.row_keys), shard(np.arange(padded) < batch))
+  fn = _pmapped(tuple(sorted(_statics(target, prepared).items())), devices)
+  state, stats = fn(target.params, None if draft is None else draft.params,
+                    shard(prepared.tokens), shard(prepared.prompt_len), shard(prepared.row_keys),
+                    shard(np.arange(padded) < batch), prepared.costs)
   state = jax.device_get(state)
   merged: DecodeState = jax.tree_util.tree_map(
       lambda x: x.reshape((padded,) + x.shape[2:])[:batch] if x.ndim >= 2 else x[0], state)
-  result: GenerationResult = _finish(merged, max_new_tokens, pad_id)
+  result = finish(merged, spec.max_new_tokens, pad_id)
   stats = {k: int(np.asarray(v)[0]) for k, v in jax.device_get(stats).items()}
   return result, stats
 
@@ -120,31 +113,26 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
   return np.concatenate([x, np.repeat(x[-1:], rows - len(x), axis=0)]) if rows > len(x) else x
 
 
-def mesh_generate(target_params, draft_params, prompts, *, mesh, target_config: ModelConfig,
-                  draft_config: DraftConfig | None, gamma: int = 0, max_new_tokens: int,
-                  sampling: SamplingConfig | None = None, seed=0, eos_id: int | None = None,
-                  pad_id: int = 0, vocab_size: int | None = None,
-                  verifier: Verifier | str | None = None,
-                  shard_vocab: bool = False) -> GenerationResult:
-  """Speculative (draft_config None: autoregressive) decoding on a ('data', 'model') mesh.
+def mesh_generate(target: Model, draft: Model | None, prompts, *, mesh, spec: DecodeSpec,
+                  seed=0, pad_id: int = 0, shard_vocab: bool = False) -> GenerationResult:
+  """Speculative (draft None: autoregressive) decoding on a ('data', 'model') mesh.
 
   mesh: `sharding.make_mesh('data,model')`. Params may be host arrays or already placed
   with `sharding.shard_params(params, mesh)` (do that once when calling repeatedly).
   The batch is padded with copies of the last prompt to a multiple of the data axis;
   padding rows are dropped. Every process must pass the same arguments.
   """
-  args = _checked_args(target_params, draft_params, prompts, target_config=target_config,
-                       draft_config=draft_config, gamma=gamma, max_new_tokens=max_new_tokens,
-                       sampling=sampling, seed=seed, eos_id=eos_id, pad_id=pad_id,
-                       vocab_size=vocab_size, verifier=verifier)
-  batch = args.tokens.shape[0]
+  prepared = _prepared(target, draft, prompts, spec, seed, pad_id)
+  batch = prepared.tokens.shape[0]
   padded = _padded_rows(batch, mesh.shape["data"])
-  inputs = [_pad_rows(x, padded) for x in (args.tokens, args.prompt_len, args.row_keys)]
+  inputs = [_pad_rows(x, padded) for x in (prepared.tokens, prepared.prompt_len,
+                                           prepared.row_keys)]
   inputs = [sharding.put(x, sharding.batch_sharding(x.shape, mesh)) for x in inputs]
-  state = decode_loop_jit(sharding.shard_params(target_params, mesh, shard_vocab=shard_vocab),
+  draft_params = None if draft is None else draft.params
+  state = decode_loop_jit(sharding.shard_params(target.params, mesh, shard_vocab=shard_vocab),
                           sharding.shard_params(draft_params, mesh, shard_vocab=shard_vocab),
-                          *inputs, mesh=mesh, **args.statics)
-  state = state.replace(target_cache=None, draft_cache=None, features=None)
+                          *inputs, prepared.costs, mesh=mesh, **_statics(target, prepared))
+  state = state.replace(target_cache=None, draft_state=None)
   state = sharding.gather(state)  # numpy, in every process
   state = jax.tree.map(lambda x: x[:batch] if np.ndim(x) and len(x) == padded else x, state)
-  return _finish(state, max_new_tokens, pad_id)
+  return finish(state, spec.max_new_tokens, pad_id)

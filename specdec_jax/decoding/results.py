@@ -55,8 +55,7 @@ class GenerationResult:
 
 def finish(state, max_new_tokens: int, pad_id: int) -> GenerationResult:
   """The decode loop's final `DecodeState` -> a GenerationResult (caches dropped first)."""
-  state = jax.device_get(state.replace(target_cache=None, draft_cache=None,  # no KV copy
-                                       features=None))
+  state = jax.device_get(state.replace(target_cache=None, draft_state=None))  # no KV copy
   tokens = np.asarray(state.tokens)
   prompt_len = np.asarray(state.prompt_len)
   lengths = np.asarray(state.num_tokens) - prompt_len

@@ -79,7 +79,9 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
   """{'chat-<i>': int32 tokens of instruction i's samples} (see the module docstring),
   generating (or resuming, or reusing) the cached answers."""
   from specdec_jax.models.sampling import SamplingConfig
-  from specdec_jax.decoding.speculative import autoregressive_generate
+  from specdec_jax.decoding.loop import autoregressive_generate
+  from specdec_jax.decoding.spec import DecodeSpec
+  from specdec_jax.models.model import Model
   for name, value in (("samples", samples), ("max_new_tokens", max_new_tokens),
                       ("batch_size", batch_size)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -123,10 +125,10 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
         batch = todo[k:k + batch_size]
         rows = [i * MAX_SAMPLES + s for s, i in batch]
         result = autoregressive_generate(
-            target_params, [prompts[i] for _, i in batch], target_config=target_config,
-            max_new_tokens=max_new_tokens, sampling=sampling, seed=int(seed),
-            row_ids=np.asarray(rows), eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-            vocab_size=tokenizer.vocab_size)
+            Model(target_config, target_params), [prompts[i] for _, i in batch],
+            spec=DecodeSpec(max_new_tokens, sampling=sampling, eos_id=tokenizer.eos_id,
+                            vocab_size=tokenizer.vocab_size),
+            seed=int(seed), row_ids=np.asarray(rows), pad_id=tokenizer.pad_id)
         records = [{"row": r, "instruction": i, "sample": s, "response": result.row(b)}
                    for b, (r, (s, i)) in enumerate(zip(rows, batch))]
         atomic_write_json(directory / f"batch_{rows[0]:09d}.json", {"rows": records})

@@ -17,31 +17,37 @@ with either verifier (accept x with probability p(x); the residual is p without 
 Everything is fixed-shape and runs inside the jitted decode loop; the draft has no
 parameters and no cache.
 
-A hybrid draft (`HybridDraft`, 'hybrid:<n>') takes the lookup's proposals only on rows
-with a match of at least n tokens (`lookup`'s `found`), and a feature draft's elsewhere.
+`NgramDraft` is the draft kind ('ngram:<n>'); `hybrid.HybridDraft` ('hybrid:<n>') takes the
+lookup's proposals only on rows with a match of at least n tokens (`lookup`'s `found`), and
+another draft's elsewhere.
+
+In a token tree (rule 'topk' only) the root's K children are the first followers of up to
+K earlier matches with distinct first tokens, each heading a chain of its match's
+continuation (`lookup_candidates`; the shape must be such chains below the root,
+`lookup_tree_ranks`): a deterministic candidate set, so rule 'topk' is exact for it.
 """
+
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-if TYPE_CHECKING:
-  from specdec_jax.models.model import ModelConfig
+from specdec_jax.drafts.base import DRAFT, Draft, Plan, check_levels
+from specdec_jax.verification.tree_shapes import TreeShape
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDraft:
-  """A prompt-lookup draft: match up to `max_n` trailing tokens (config name 'ngram:<n>')."""
+class NgramDraft(Draft):
+  """A prompt-lookup draft: match up to `max_n` trailing tokens (config name 'ngram:<n>').
+  No params, no cache, no vocabulary of its own; q is one-hot at each proposal."""
 
   max_n: int = 3
-
-  kind = "ngram"  # beside ModelConfig.kind 'model' | 'feature'
 
   def __post_init__(self):
     if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -56,60 +62,66 @@ class NgramDraft:
     except ValueError:
       raise ValueError(f"ngram draft name must be 'ngram:<n>' with n >= 1, got {name!r}") from None
 
-
-@dataclasses.dataclass(frozen=True)
-class HybridDraft:
-  """Prompt lookup where it has a match, a feature draft elsewhere (config name 'hybrid:<n>').
-
-  Per row and step: where the last n tokens, for some min_n <= n <= max_n, occurred
-  earlier with a known follower, the row proposes the lookup's continuation (`lookup`),
-  q one-hot; every other row proposes the feature draft's tokens with its own q.
-  'hybrid:<n>' is min_n = max_n = n: "the last n tokens occurred before" (any longer
-  match contains one of n). n = 3 by default in the configs: one or two BPE tokens
-  (", and", " of the") recur by chance in ordinary prose, and their continuation would
-  displace the feature draft's proposal with a near-arbitrary one; three recur mainly
-  where the text repeats (refrains, code, greedy loops), where a lookup is nearly
-  always right. The feature draft runs every step on every row, so its cache and
-  features stay those of the emitted tokens whichever proposal a row took.
-  """
-
-  feature: "ModelConfig"  # kind 'feature'; its params are the hybrid's params
-  min_n: int = 3
-  max_n: int = 3
-
-  kind = "hybrid"
-
-  def __post_init__(self):
-    if getattr(self.feature, "kind", None) != "feature":
-      raise ValueError(f"hybrid draft needs a feature draft's ModelConfig (kind 'feature'), "
-                       f"got kind {getattr(self.feature, 'kind', type(self.feature).__name__)!r}")
-    for name in ("min_n", "max_n"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"hybrid draft needs {name} >= 1, got {value!r}")
-    if self.min_n > self.max_n:
-      raise ValueError(f"hybrid draft needs min_n <= max_n, got {self.min_n} > {self.max_n}")
+  @property
+  def may_propose_nothing(self) -> bool:
+    return True
 
   @property
-  def vocab_size(self) -> int:
-    return self.feature.vocab_size
+  def cost_sources(self) -> tuple[str, ...]:
+    return ("lookup",)  # it proposes only where its lookup matches
 
-  @property
-  def max_seq_len(self) -> int:
-    return self.feature.max_seq_len
+  def plan(self, state, gamma):
+    looked = lookup(state.tokens, state.num_tokens, min_n=1, max_n=self.max_n, gamma=gamma)
+    return Plan(proposes=looked[1], source=jnp.full(looked[1].shape, DRAFT, jnp.int32),
+                lookup=looked)
 
-  @classmethod
-  def from_name(cls, name: str, feature: "ModelConfig") -> "HybridDraft":
-    """'hybrid:<n>' -> HybridDraft(feature, min_n=n, max_n=n)."""
-    kind, _, n = name.partition(":")
-    try:
-      if kind != "hybrid":
-        raise ValueError
-      n = int(n)
-    except ValueError:
-      raise ValueError(f"hybrid draft name must be 'hybrid:<n>' with n >= 1, got "
-                       f"{name!r}") from None
-    return cls(feature, n, n)
+  def propose(self, params, target_params, state, keys, *, plan, chosen, warp_fn, greedy,
+              vocab_size, shallow=None):
+    xs = plan.lookup[0][:, :keys.shape[1]]
+    return xs, jax.nn.one_hot(xs, vocab_size, dtype=jnp.float32), None
+
+  def check_tree(self, shape, rule, vocab_size) -> None:
+    check_lookup_tree(shape, rule)
+
+  def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
+                   vocab_size, greedy):
+    nodes, _ = lookup_tree(state, shape=shape, min_n=1, max_n=self.max_n)
+    return nodes, None, None, None  # rule 'topk' (check_tree): q is never read
+
+
+def lookup_tree_ranks(shape: TreeShape) -> np.ndarray | None:
+  """int32 [N]: per node the rank of its depth-1 ancestor (the lookup candidate it reads),
+  or None if the shape is not chains below the root (a node at depth >= 2 of rank > 0)."""
+  if any(d > 1 and r > 0 for d, r in zip(shape.depths, shape.child_rank)):
+    return None
+  return np.asarray([path[0] for path in shape.rank_paths()], np.int32)
+
+
+def check_lookup_tree(shape, rule: str) -> None:
+  """Raises ValueError naming the value if a lookup cannot propose this tree."""
+  if not isinstance(shape, TreeShape):
+    raise ValueError(f"tree must be a TreeShape (tree_shapes), got {type(shape).__name__}")
+  check_levels(shape)
+  if rule != "topk":
+    raise ValueError(f"a lookup draft's tree needs tree_rule 'topk' (its candidates are a "
+                     f"deterministic set, not draws from q), got {rule!r}")
+  if lookup_tree_ranks(shape) is None:
+    raise ValueError(f"a lookup draft's tree must be chains below the root (every node at "
+                     f"depth >= 2 an only child, e.g. branching (3, 1, 1)), got rank paths "
+                     f"{shape.rank_paths()}")
+  if shape.budget is not None:
+    raise ValueError(f"a dynamic tree (budget {shape.budget}) needs a model draft's "
+                     f"probabilities to rank its candidates; a lookup has none")
+
+
+def lookup_tree(state, *, shape: TreeShape, min_n: int, max_n: int) -> tuple[Array, Array]:
+  """A lookup's tree -> (nodes int32 [B,N], found bool [B]): node i is depth(i)'s token of
+  the candidate its depth-1 ancestor's rank names (`lookup_candidates`); found: the row has
+  a match of min_n..max_n tokens."""
+  ranks = lookup_tree_ranks(shape)
+  cands, found = lookup_candidates(state.tokens, state.num_tokens, min_n=min_n, max_n=max_n,
+                                   count=int(ranks.max()) + 1, depth=shape.max_depth)  # [B,K,D]
+  return cands[:, ranks, np.asarray(shape.depths) - 1], found[:, 0]
 
 
 def match_starts(tokens: Array, length: Array, n: int, count: int) -> Array:
@@ -167,7 +179,7 @@ def lookup_candidates(tokens: Array, length: Array, *, min_n: int, max_n: int, c
                       depth: int, scan: int = 4) -> tuple[Array, Array]:
   """(proposals int32 [B,K,D], found bool [B,K]), K = count, D = depth: up to K
   continuations of earlier matches with distinct first tokens, for a token tree whose
-  root has K children, each the head of a chain (`tree_decode`).
+  root has K children, each the head of a chain (`decoding.tree_step`).
 
   Per row, the longest n (max_n .. min_n) with any match is used; of its scan*K most
   recent matches, the first of each distinct first follower is kept, most recent

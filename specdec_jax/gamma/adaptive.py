@@ -10,9 +10,10 @@ the cost s(γ) of one speculative step in which a row proposes γ drafts, in pla
             its sampling, the verifier, the lookup and the bookkeeping included;
   modelled  s(γ) = max(γ, 1) c + v(γ+1) from c = draft call / target call (one token)
             and v(k) = target call over k tokens / over 1 (`studies`).
-The model leaves out everything but the two models' forward calls; on a 2-core CPU
-that is 0.1 to 0.5 of a plain step (more at temperature > 0, where every drafted token
-is sampled over the whole vocabulary), so the measured form is the one the scripts use.
+The model leaves out everything but the two models' forward calls (the draft's sampling,
+the verifier and the bookkeeping: a sizeable part of a step on a small CPU target, more at
+temperature > 0, where every drafted token is sampled over the whole vocabulary), so the
+measured form is the one the scripts use.
 Each row b keeps an estimate α̂_{b,src} of its acceptance per proposal source src
 (DRAFT = 0: the draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right
 far more often where it matches): an exponential moving average of the exact
@@ -47,8 +48,9 @@ import numpy as np
 
 Array = jax.Array
 
-# A γ_max for gamma='auto' when none is given: v(k) measured on 2-core CPUs flattens out
-# past k = 5 while E[tokens] gains little above γ = 4 at α ≤ 0.7 (REFERENCE.md §2, §10).
+# A γ_max for gamma='auto' when none is given: each further draft adds only α^(γ+1)
+# expected tokens while widening the target call, whose cost v(k) grows with k
+# (docs/background.md#formulas; measured v(k): docs/results.md#heldout).
 DEFAULT_GAMMA_MAX = 4
 DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt lookup
 # α̂ per source before a row has observed any of its drafted positions, and the EMA weight
@@ -188,6 +190,34 @@ def update_alpha(alpha: Array, beta: Array, observed: Array, source: Array | Non
   for i in range(beta.shape[1]):  # G is small and static
     alpha = jnp.where(observed[:, i], (1.0 - weight) * alpha + weight * beta[:, i], alpha)
   return alpha
+
+
+def probes(chosen: Array, plain_run: Array, lag: int) -> Array:
+  """bool [B]: rows whose draft runs for q_1 this step though they propose nothing (γ_b = 0):
+  every lag-th plain step of a row, counted in plain_run [B] (the row's own past only)."""
+  return (chosen == 0) & (plain_run >= lag - 1)
+
+
+def observe(alpha: Array, plain_run: Array | None, *, chosen: Array, proposes: Array,
+            num_accepted: Array, beta: Array, source: Array, lag: int,
+            weight: float = ALPHA_WEIGHT) -> tuple[Array, Array | None]:
+  """One step's bookkeeping of gamma 'auto', the same in the decode loop and the replay
+  (`gamma_replay`) -> (α̂ float32 [B,2], plain_run int32 [B] or None).
+
+  A position is observed when the row proposed it (or, at γ_b = 0, probed q_1) and reached
+  it (every earlier draft accepted). With a skip lag (lag > 0, plain_run [B]) a γ_b = 0 row
+  observes only on its probes, and plain_run counts its plain steps since the last probe.
+  chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G] (β_i);
+  source int [B] (the α̂ column this step updates).
+  """
+  j = jnp.arange(beta.shape[1])[None, :]
+  observed = (proposes[:, None] & (j <= num_accepted[:, None])
+              & (j < jnp.maximum(chosen, 1)[:, None]))
+  if lag:
+    ran = (chosen > 0) | probes(chosen, plain_run, lag)
+    observed = observed & ran[:, None]
+    plain_run = jnp.where(ran, 0, plain_run + 1)
+  return update_alpha(alpha, beta, observed, source, weight=weight), plain_run
 
 
 def call_widths(gamma: int, adaptive: bool, may_propose_nothing: bool) -> tuple[int, ...]:

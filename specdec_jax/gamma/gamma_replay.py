@@ -18,10 +18,9 @@ against the loop's own accepted counts in tests/test_gamma_replay.py).
 so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cost of
 s_src(γ) plain steps (the measured step costs), observe the hits the loop observes, and
 move on. Tokens per plain-step cost is the rule's predicted speedup over autoregressive
-decoding on that prompt. On the held-out set the replay of the committed rule predicted
-the measured per-prompt speedups with correlation 0.99-1.00, 2-4% low on average in two
-measured runs, under step costs timed over eight steps per call
-(docs/results.md#gamma-rules; 0.99 and 5% high under the one-step timing before).
+decoding on that prompt. The bookkeeping of each step is the decode loop's own function
+(`adaptive.observe`); how closely the replay predicts measured speedups is in
+docs/results.md#gamma-rules.
 """
 
 from __future__ import annotations
@@ -32,11 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.gamma import adaptive
-
+from specdec_jax.decoding.loop import autoregressive_generate
+from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts import ngram
-from specdec_jax.decoding.arguments import FEATURE_LAG
-from specdec_jax.drafts.drafting import feature_part
+from specdec_jax.drafts.feature import FEATURE_LAG, FeatureDraft
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.registry import as_draft
+from specdec_jax.gamma import adaptive
+from specdec_jax.models.model import Model
 from specdec_jax.models.model import forward, init_cache, unrolled_feature_logits
 from specdec_jax.models.sampling import SamplingConfig
 
@@ -75,27 +77,29 @@ class Rule:
 def greedy_trace(target_params, target_config, draft_params, draft_config, prompt, *,
                  max_new_tokens: int, depth: int, vocab_size: int | None = None
                  ) -> GreedyTrace:
-  """The trace of one prompt (token ids) for a feature or hybrid draft (module docstring)."""
-  from specdec_jax.decoding.speculative import autoregressive_generate
-
-  feature = feature_part(draft_config)
-  if feature is None:
-    raise ValueError(f"greedy_trace needs a feature or hybrid draft, got kind "
-                     f"{getattr(draft_config, 'kind', None)!r}")
-  out = autoregressive_generate(target_params, [prompt], target_config=target_config,
-                                max_new_tokens=max_new_tokens,
-                                sampling=SamplingConfig(temperature=0.0),
-                                vocab_size=vocab_size)
+  """The trace of one prompt (token ids) for a feature draft or a hybrid over one (module
+  docstring); draft_config: the Draft (or the feature draft's ModelConfig)."""
+  draft = as_draft(draft_config)
+  hybrid = draft if isinstance(draft, HybridDraft) else None
+  feature = hybrid.inner if hybrid is not None else draft
+  if not isinstance(feature, FeatureDraft):
+    raise ValueError(f"greedy_trace needs a feature draft or a hybrid over one, got "
+                     f"{type(draft).__name__}")
+  feature = feature.config
+  out = autoregressive_generate(
+      Model(target_config, target_params), [prompt],
+      spec=DecodeSpec(max_new_tokens, sampling=SamplingConfig(temperature=0.0),
+                      vocab_size=vocab_size))
   seq = np.asarray(list(prompt) + out.row(0), np.int32)
   total, first = len(seq), len(prompt) - 1
   hits, lookups = _trace_arrays(target_params, draft_params, jnp.asarray(seq)[None],
                                 target_config=target_config, feature=feature, depth=depth)
   hits = np.asarray(hits)[first:total - 1]
-  if getattr(draft_config, "kind", None) == "hybrid":
+  if hybrid is not None:
     buffer = np.zeros((total - 1 - first, total + depth + 1), np.int32)
     buffer[:, :total] = seq
     looked, found = ngram.lookup(jnp.asarray(buffer), jnp.arange(first + 1, total),
-                                 min_n=draft_config.min_n, max_n=draft_config.max_n,
+                                 min_n=hybrid.min_n, max_n=hybrid.max_n,
                                  gamma=depth)
     looked, found = np.asarray(looked), np.asarray(found)
     later = np.arange(first, total - 1)[:, None] + 1 + np.arange(depth)[None, :]
@@ -158,13 +162,13 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
     else:  # the decode loop's own rule
       gamma = int(adaptive.choose_gamma(alpha[column:column + 1], s.astype(np.float32))[0])
     accepted = min(int(depth[at]), gamma)
-    probe = gamma == 0 and plain >= rule.lag - 1
-    if gamma > 0 or probe:  # observed: proposed (or probed) and reached
-      observed = np.arange(gmax) < min(max(gamma, 1), accepted + 1)
-      alpha[column] = np.asarray(adaptive.update_alpha(
-          alpha[column:column + 1], trace.hit[None, at, :gmax].astype(np.float32),
-          observed[None], weight=rule.weight))[0]
-    plain = 0 if gamma > 0 or probe else plain + 1
+    new_alpha, new_plain = adaptive.observe(  # the decode loop's own bookkeeping
+        jnp.asarray(alpha)[None], jnp.asarray([plain], jnp.int32),
+        chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
+        num_accepted=jnp.asarray([accepted]),
+        beta=jnp.asarray(trace.hit[None, at, :gmax], jnp.float32),
+        source=jnp.asarray([column]), lag=rule.lag, weight=rule.weight)
+    alpha, plain = np.asarray(new_alpha)[0], int(new_plain[0]) if rule.lag else 0
     gammas[gamma] = gammas.get(gamma, 0) + 1
     tokens += accepted + 1
     cost += s[gamma]

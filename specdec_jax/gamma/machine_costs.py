@@ -4,19 +4,19 @@ Letters: B batch, G = γ_max.
 
 `measure_steps` times the step costs of a `adaptive.CostTable`: s(γ) = t(speculative
 step of width γ+1) / t(plain step), each timed as `STEPS_PER_CALL` steps of the compiled
-decode loop itself (`speculative.run_steps_jit`, the program a run decodes with), called
+decode loop itself (`decoding.loop.run_steps_jit`, the program a run decodes with), called
 on a prefilled state that many steps before its end, with step costs that make every row
 propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each is the
 median of `repeats` rounds divided by the steps run, the widths and the plain step
 interleaved in each round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a
-disturbed timing of the plain step gives). With a feature draft (which skips plain
-steps, `speculative.FEATURE_LAG`), s(0) is the mean over a row's probe cycle: FEATURE_LAG
-- 1 steps that skip the draft and one that runs it, the steps of one timed call. With a
-hybrid draft the same compiled loop also times s_lookup(γ), steps in which every row
-takes the lookup (a context that repeats itself, so every row's lookup matches). Given
-the shapes of the run about to decode (`gamma_arguments`), the table compiles nothing of
-its own: the loops it times are the run's, compiled once for both, and timing them takes
-15-30 seconds for SmolLM2 on 2 cores. The model's c (draft
+disturbed timing of the plain step gives). With a draft that skips plain steps
+(`Draft.skip_lag`, FEATURE_LAG for a feature draft), s(0) is the mean over a row's probe
+cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it, the steps of one
+timed call. With a draft whose `cost_sources` include a lookup the same compiled loop also
+times s_lookup(γ), steps in which every row takes the lookup (a context that repeats
+itself, so every row's lookup matches). Given the shapes of the run about to decode
+(`config_proposer`), the table compiles nothing of its own: the loops it times are the
+run's, compiled once for both (docs/results_archive.md#step-timing). The model's c (draft
 step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
 benchmark's to time and report (`studies.cost_coefficient`, `studies.verify_cost_curve`);
 a table of them (`CostTable(c, verify_costs)`) is what tests inject. `load_or_measure`
@@ -45,9 +45,10 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_jax.bench import studies
+from specdec_jax.bench import timing
 from specdec_jax.gamma.adaptive import CostTable
-from specdec_jax.decoding.arguments import FEATURE_LAG
+from specdec_jax.drafts.feature import FEATURE_LAG
+from specdec_jax.drafts.registry import as_draft
 from specdec_jax.io import machine
 from specdec_jax.io.atomic import atomic_write_json
 
@@ -85,11 +86,10 @@ def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
 
 STEP_REPEATS = 5
 # Loop steps per timed call. A call's fixed cost (entering the compiled loop with its
-# state) is about 1 ms for the autoregressive loop and 1-4 ms for a speculative one on
-# 2 cores, 5-25% of one SmolLM2 step, so a table of one step per call misread s(γ) by that
-# much (s(0) 1.13-1.30 against 1.02-1.07 over whole runs); over FEATURE_LAG = 8 steps it
-# adds well under 5%, and a feature draft's γ = 0 steps, timed from a row's last probe,
-# are then one probe cycle (FEATURE_LAG - 1 steps that skip the draft, one that runs it).
+# state) is a noticeable fraction of one step, so one step per call overstates s(γ); over
+# FEATURE_LAG steps it is small, and a feature draft's γ = 0 steps, timed from a row's last
+# probe, are then one probe cycle (FEATURE_LAG - 1 steps that skip the draft, one that runs
+# it). The measurements behind this: docs/results_archive.md#step-timing.
 STEPS_PER_CALL = FEATURE_LAG
 # The generation length the steps are timed under when a caller gives none (it sizes the
 # token buffer and caches of the timed loop, as in a run of that many new tokens).
@@ -106,46 +106,55 @@ def forcing_costs(gamma: int, gamma_max: int) -> np.ndarray:
   return costs
 
 
-def measure_steps(target_params, target_config, draft_params, draft_config, *, gamma_max: int,
-                  batch: int, sampling, verifier: str = "block", context: int = MEASURE_CONTEXT,
+def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
+                  verifier: str = "block", context: int = MEASURE_CONTEXT,
                   max_new_tokens: int = MEASURE_NEW_TOKENS, eos_id: int | None = None,
                   repeats: int = STEP_REPEATS) -> CostTable:
-  """The measured step costs s(0..gamma_max) (and s_lookup(0..gamma_max) for a hybrid
-  draft); the table holds no c and v(k) (`studies.cost_coefficient` and
-  `studies.verify_cost_curve` time those, as the benchmark does).
+  """The measured step costs s(0..gamma_max) (and s_lookup(0..gamma_max) for a draft with
+  a lookup source) of target and draft (`Model`s); the table holds no c and v(k)
+  (`studies.cost_coefficient` and `studies.verify_cost_curve` time those).
 
-  Each step is timed in the compiled loop of a run (`speculative.run_steps_jit`) with
+  Each step is timed in the compiled loop of a run (`decoding.loop.run_steps_jit`) with
   prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
-  (`gamma_arguments`), the run then reuses the programs timed here, and the table
+  (`config_proposer`), the run then reuses the programs timed here, and the table
   compiles nothing of its own. A timed call runs min(STEPS_PER_CALL, max_new_tokens)
   steps from a state prefilled with `context` tokens (its step index that many below
   max_new_tokens), with costs (`forcing_costs`) under which every row takes the width
   timed, and its time is divided by the steps the loop ran (fewer where every row is
-  done first); the plain step is the autoregressive loop's, timed the same way.
+  done first); the plain step is the autoregressive loop's, timed the same way. Each of
+  the draft's `cost_sources` is timed on its own text.
   """
   import jax
   import jax.numpy as jnp
 
-  from specdec_jax.decoding import speculative
+  from specdec_jax.decoding import loop
+  from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, prepare, resolve_vocab
 
+  drafter = as_draft(draft.config)
   placeholder = CostTable(c=None, verify_costs=None, step_costs=(1.0,) * (gamma_max + 1))
-  vocab = speculative.resolve_vocab(target_config, draft_config, None)
+  vocab = resolve_vocab(target.config, drafter, None)
   distinct = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919) % vocab
   # a context that repeats itself with this period: every row's lookup matches
   period = max(1, min(16, context // 2))
   periodic = np.tile(distinct[:, :period], (1, -(-context // period)))[:, :context]
-  common = dict(target_config=target_config, max_new_tokens=max_new_tokens, sampling=sampling,
-                seed=0, row_ids=None, eos_id=eos_id, pad_id=0, vocab_size=None)
-
+  texts = dict(draft=distinct, lookup=periodic)
+  plain_spec = DecodeSpec(max_new_tokens, sampling=sampling, eos_id=eos_id)
+  auto_spec = DecodeSpec(max_new_tokens, AutoGamma(placeholder, gamma_max), sampling=sampling,
+                         verifier=verifier, eos_id=eos_id)
   steps = min(STEPS_PER_CALL, max_new_tokens)
 
-  def run_from(params, args, state, costs, n):
+  def run_from(params, prepared, state, costs, n):
     """() -> the state after the loop ran from `state` with its step index n below the
     end (at most n steps)."""
     state = state.replace(step=jnp.full_like(state.step, max_new_tokens - n))
     costs = None if costs is None else jnp.asarray(costs)
-    return lambda: jax.block_until_ready(speculative.run_steps_of(
-        target_params, params, state, args, costs=costs))
+
+    def call():
+      # the loop consumes (donates) its state: each call runs on a fresh copy, whose few
+      # dispatches and cache copy are timed with the steps (well under 1% of 8 steps)
+      fresh = jax.tree.map(jnp.copy, state)
+      return jax.block_until_ready(loop.run_prepared(target, params, fresh, prepared, costs))
+    return call
 
   def took_forced(result, gamma, n) -> int:
     """The leading steps of the last n in which every live row proposed gamma (a plain
@@ -156,51 +165,45 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
 
   fns, ran, forced = {}, {}, {}  # name -> timed call, loop steps it runs, γ of every step
 
-  def add(key, params, args, state, costs, gamma):
+  def add(key, params, prepared, state, costs, gamma):
     """Times `key` over the leading steps (at most `steps`) in which every live row
     takes gamma: a lookup step's row proposes only while its lookup matches, and a row
     is done at EOS. These calls compile the loop (nothing new where a run compiled it)."""
     n = steps
-    while (good := took_forced(run_from(params, args, state, costs, n)(), gamma, n)) < n \
+    while (good := took_forced(run_from(params, prepared, state, costs, n)(), gamma, n)) < n \
         and good > 0:
       n = good
     if good == 0:
       raise RuntimeError(f"step-cost timing {key!r} meant every row to propose {gamma} "
                          f"tokens, but a row proposed another count")
-    fns[key], ran[key], forced[key] = run_from(params, args, state, costs, n), n, gamma
+    fns[key], ran[key], forced[key] = run_from(params, prepared, state, costs, n), n, gamma
 
-  plain_args = speculative.prepare_generate(
-      distinct.astype(np.int32), draft_config=None, gamma=0, verifier=None, **common)
-  add("plain", None, plain_args, speculative.prefill(target_params, None, plain_args), None, 0)
-  kind = getattr(draft_config, "kind", None)
+  plain = prepare(target, None, distinct.astype(np.int32), plain_spec)
+  add("plain", None, plain, loop.prefill(target, None, plain), None, 0)
+  sources = drafter.cost_sources
   starts = {}
-  for name, tokens in (("draft", distinct), ("lookup", periodic)):
-    if (name == "draft" and kind == "ngram") or (name == "lookup" and kind not in (
-        "ngram", "hybrid")):
-      continue  # an n-gram draft proposes only where its lookup matches
-    args = speculative.prepare_generate(
-        tokens.astype(np.int32), draft_config=draft_config, gamma="auto", gamma_max=gamma_max,
-        costs=placeholder, verifier=verifier, **common)
-    starts[name] = (args, speculative.prefill(target_params, draft_params, args))
+  for name in sources:
+    prepared = prepare(target, draft, texts[name].astype(np.int32), auto_spec)
+    starts[name] = (prepared, loop.prefill(target, draft.params, prepared))
   for width in range(1, gamma_max + 2):
     costs = forcing_costs(width - 1, gamma_max)
-    for name, (args, state) in starts.items():
+    for name, (prepared, state) in starts.items():
       if width == 1 and name == "lookup" and "draft" in starts:
         continue  # s_lookup(0) = s(0): nothing proposed
-      key = width if (name == "draft" or kind == "ngram") else ("lookup", width)
-      add(key, draft_params, args, state, costs, width - 1)  # SmolLM2: all steps match
+      key = width if (name == "draft" or len(sources) == 1) else ("lookup", width)
+      add(key, draft.params, prepared, state, costs, width - 1)  # SmolLM2: all steps match
 
   def step_costs_of(seconds):
     return [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]
 
   # A plain step of the speculative loop does an autoregressive step's work and more, so
   # s(0) below PLAUSIBLE_PLAIN_COST means the autoregressive loop, every ratio's
-  # denominator, was timed slow (one table read s(0) = 0.90 and every s(γ) 15-25% below
-  # tables of the same machine timed before and after it): the rounds are timed again, at most
-  # TIMING_ATTEMPTS times in all, and the attempt with the largest s(0) is kept.
+  # denominator, was timed slow (docs/results_archive.md#step-timing): the rounds are
+  # timed again, at most TIMING_ATTEMPTS times in all, and the attempt with the largest
+  # s(0) is kept.
   attempts = []
   for _ in range(TIMING_ATTEMPTS):
-    seconds, results = studies.interleaved_seconds(fns, repeats)
+    seconds, results = timing.interleaved_seconds(fns, repeats)
     attempts.append({key: seconds[key] / ran[key] for key in seconds})
     if step_costs_of(attempts[-1])[0] >= PLAUSIBLE_PLAIN_COST:
       break
@@ -212,7 +215,7 @@ def measure_steps(target_params, target_config, draft_params, draft_config, *, g
   seconds = max(attempts, key=lambda x: step_costs_of(x)[0])
   step_costs = step_costs_of(seconds)
   lookup_costs = None
-  if kind == "hybrid":
+  if len(sources) > 1:
     lookup_costs = tuple(step_costs[:1] + [float(seconds[("lookup", k)] / seconds["plain"])
                                            for k in range(2, gamma_max + 2)])
   return CostTable(c=None, verify_costs=None, step_costs=tuple(step_costs),
@@ -265,9 +268,8 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
     log(f"measuring this machine's step costs once (a minute or two; cached in {path.name} "
         f"under {os.path.basename(os.fspath(directory))}/) ...")
   table, _ = load_or_measure(directory, key, gamma_max, lambda: measure_steps(
-      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config,
-      gamma_max=gamma_max, batch=batch, sampling=pair.sampling, verifier=pair.verifier,
-      **(run or {})))
+      pair.target, pair.draft, gamma_max=gamma_max, batch=batch, sampling=pair.sampling,
+      verifier=pair.verifier, **(run or {})))
   return table
 
 
@@ -298,20 +300,25 @@ def parse_gamma(value) -> int | str:
   return value
 
 
-def gamma_arguments(config, pair, *, directory: str | os.PathLike,
-                    prompt_width: int | None = None,
-                    log: Callable[[str], None] = print) -> dict | None:
-  """speculative_generate's gamma keywords for a run config and `loading.Pair`:
-  {'gamma': γ} for a fixed config.gamma; {'gamma': 'auto', 'gamma_max', 'costs'} for
-  'auto' (the table from `table_for`); None when the table says no γ >= 1 pays even at
-  α = `adaptive.PAYS_AT_ALPHA` (one line says so: decode with autoregressive_generate).
-  prompt_width: the width the run pads its prompts to, if any (where a table is measured,
-  its steps are timed in the run's own loop: `table_for`)."""
+def config_proposer(config, pair, *, directory: str | os.PathLike,
+                    prompt_width: int | None = None, log: Callable[[str], None] = print):
+  """The proposer (`decoding.spec`) of a run config and `loading.Pair`: TreeProposal for a
+  config.tree (with a fixed gamma only); FixedGamma for a fixed config.gamma;
+  AutoGamma(table, gamma_max) for 'auto' (the table from `table_for`);
+  None when the table says no γ >= 1 pays even at α = `adaptive.PAYS_AT_ALPHA` (one line
+  says so: decode with autoregressive_generate). prompt_width: the width the run pads its
+  prompts to, if any (where a table is measured, its steps are timed in the run's own
+  loop: `table_for`)."""
+  from specdec_jax.decoding.spec import AutoGamma, FixedGamma, make_proposer
   from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
+  from specdec_jax.verification.tree_shapes import parse_tree
 
   gamma = parse_gamma(config.gamma)
+  tree = parse_tree(str(config.get("tree", "") or ""))
+  if tree is not None:
+    return make_proposer(gamma, tree=tree, tree_rule=str(config.get("tree_rule", "sampled")))
   if gamma != "auto":
-    return dict(gamma=gamma)
+    return FixedGamma(gamma)
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
   run = dict(context=max([len(p) for p in pair.prompts] + [prompt_width or 0]),
              max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
@@ -321,4 +328,4 @@ def gamma_arguments(config, pair, *, directory: str | os.PathLike,
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
         f"plain autoregressive")
     return None
-  return dict(gamma="auto", gamma_max=gamma_max, costs=table)
+  return AutoGamma(table, gamma_max)

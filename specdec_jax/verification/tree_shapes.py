@@ -27,7 +27,7 @@ notations from a config string.
 
 A *dynamic* tree (EAGLE-2, Li et al. 2024) is a shape with a node `budget` N' < N: the N
 nodes are drafted as candidates, and each row sends only the N' of the largest draft path
-probability to the target (`tree_decode`), so the tree's form follows the draft's
+probability to the target (`decoding.tree_step`), so the tree's form follows the draft's
 confidence step by step ('dynamic:15:best:48' in a config: 15 of a 48-node candidate tree).
 """
 
@@ -53,7 +53,7 @@ class TreeShape:
     node index (0 <= parents[i] < i), so parents come before their children.
   budget: None for a static tree; else N' in 1..N, a dynamic tree's node budget: each step
     a row sends the N' candidate nodes of the largest draft path probability to the
-    target (`tree_decode`), so `call_nodes` = N'.
+    target (`decoding.tree_step`), so `call_nodes` = N'.
   Derived (not part of equality or the hash): depths [N] (1 = child of the root),
   child_rank [N] (0-based rank among siblings, in node order), num_nodes = N,
   max_depth = D.

@@ -1,0 +1,112 @@
+"""An independent draft: any model on the target's vocabulary, with its own KV cache.
+
+Letters: B batch, d drafted tokens this step, V vocabulary, N tree nodes, D tree depth.
+
+One chain step for row b (length ℓ = num_tokens[b]-1, pending token t):
+  1. the draft feeds t, x_1, .., x_{d-1} (a `lax.scan` of d cached calls), sampling
+     x_i ~ q_i = warp(draft logits) and keeping q_i;
+  2. one cache-only call writes x_d (head skipped), so the draft has seen every token the
+     target will see; after the verifier its cache length is set to the new ℓ.
+A vocabulary-subset head (`ModelConfig.head_tokens`) gives every other token q = 0; such
+a token is then only emitted from the residual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specdec_jax.drafts import tree_drafting
+from specdec_jax.drafts.base import Draft, pending_tokens, sample_rows, with_length
+from specdec_jax.models.model import ModelConfig, forward
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class IndependentDraft(Draft):
+  """A draft model of its own (config name: any model draft, e.g. 'saved:<dir>')."""
+
+  config: ModelConfig
+
+  def __post_init__(self):
+    if not isinstance(self.config, ModelConfig) or self.config.feature_layers:
+      raise ValueError(f"an independent draft needs a ModelConfig without feature_layers, "
+                       f"got {self.config!r}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def max_seq_len(self) -> int:
+    return self.config.max_seq_len
+
+  @property
+  def model_config(self) -> ModelConfig:
+    return self.config
+
+  def check(self, params, target_config) -> None:
+    check_embed(params, self.config, "draft")
+
+  def check_tree(self, shape, rule, vocab_size) -> None:
+    tree_drafting.check_model_tree(shape, rule, vocab_size)
+
+  def prefill(self, params, target_params, tokens, positions, prompt_len, *, target_features,
+              empty_cache, window):
+    _, cache = forward(params, tokens, positions, empty_cache(self.config), config=self.config,
+                       return_logits=False)
+    return with_length(cache, prompt_len - 1)
+
+  def propose(self, params, target_params, state, keys, *, plan, chosen, warp_fn, greedy,
+              vocab_size, shallow=None):
+    length = state.num_tokens - 1
+    gamma = keys.shape[1]
+
+    def draft_one(carry, step_keys):
+      cache, token, pos = carry
+      logits, cache = forward(params, token[:, None], pos[:, None], cache, config=self.config)
+      q = warp_fn(logits[:, 0])
+      x = sample_rows(step_keys, q, greedy)
+      return (cache, x, pos + 1), (x, q)
+
+    cache = with_length(state.draft_state, length)
+    (cache, last, _), (xs, qs) = jax.lax.scan(
+        draft_one, (cache, pending_tokens(state), length), jnp.swapaxes(keys, 0, 1))
+    _, cache = forward(params, last[:, None], (length + gamma)[:, None], cache,
+                       config=self.config, return_logits=False)
+    return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
+
+  def rollback(self, draft_state, *, length, new_length, skipped):
+    return with_length(draft_state, new_length)
+
+  def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
+                   vocab_size, greedy):
+    length = state.num_tokens - 1
+    logits, cache = forward(params, pending_tokens(state)[:, None], length[:, None],
+                            with_length(state.draft_state, length), config=self.config)
+
+    def level(x, positions, cache, mask, parents, last, hiddens):
+      out = forward(params, x, positions, cache, config=self.config, return_logits=not last,
+                    attn_mask=mask)
+      return out[0], out[1], hiddens
+
+    return tree_drafting.draft_levels(shape, rule, logits, cache, None, level, keys=keys,
+                                      length=length, warp_fn=warp_fn, vocab_size=vocab_size,
+                                      greedy=greedy)
+
+  def advance_tree(self, draft_state, *, length, new_length, path, call_path, target_features):
+    return with_length(tree_drafting.compact_path(draft_state, length, path), new_length)
+
+
+def check_embed(params, config: ModelConfig, name: str) -> None:
+  """Raises ValueError unless params is a dict whose embedding fits config."""
+  if not isinstance(params, dict):
+    raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
+  embed = params.get("embed")
+  if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
+    got = None if embed is None else embed.shape
+    raise ValueError(f"{name} params do not match its config: embed is {got}, expected "
+                     f"{(config.vocab_size, config.embed_dim)}")

@@ -1,0 +1,83 @@
+"""Draft kinds by config name: the one place a name becomes a `Draft`.
+
+A config or command line names a draft as '<kind>' or '<kind>:<argument>' ('ngram:3',
+'hybrid:3'); model drafts loaded from disk ('saved:<dir>', 'truncate:<k>', 'random') are
+built by `loading`, which hands their ModelConfig to `from_model_config`. A new kind
+registers its constructor once:
+
+    registry.register("mine", lambda argument, inner: MyDraft(...))
+
+`inner` is the draft a wrapping kind wraps (a hybrid's), or None.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from specdec_jax.drafts.base import Draft
+from specdec_jax.drafts.feature import FeatureDraft
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.independent import IndependentDraft
+from specdec_jax.drafts.ngram import NgramDraft
+from specdec_jax.models.model import ModelConfig
+
+Factory = Callable[[str, "Draft | None"], Draft]
+_KINDS: dict[str, tuple[Factory, bool]] = {}
+
+
+def register(kind: str, factory: Factory, *, wraps: bool = False) -> None:
+  """Makes '<kind>[:<argument>]' build factory(argument, inner); wraps: the kind needs an
+  inner draft (`needs_inner`)."""
+  if not kind.isidentifier():
+    raise ValueError(f"a draft kind's name must be an identifier, got {kind!r}")
+  _KINDS[kind] = (factory, wraps)
+
+
+def kinds() -> list[str]:
+  """The registered kind names."""
+  return sorted(_KINDS)
+
+
+def kind_of(name: str) -> str:
+  return name.partition(":")[0]
+
+
+def is_registered(name: str) -> bool:
+  return kind_of(name) in _KINDS
+
+
+def needs_inner(name: str) -> bool:
+  """True if the named kind wraps another draft (a hybrid)."""
+  return _KINDS[kind_of(name)][1]
+
+
+def make(name: str, inner: Draft | None = None) -> Draft:
+  """'<kind>[:<argument>]' -> the Draft; raises ValueError naming the name if unknown."""
+  kind, _, argument = name.partition(":")
+  if kind not in _KINDS:
+    raise ValueError(f"unknown draft kind {kind!r} in {name!r}; registered: {kinds()}")
+  factory, wraps = _KINDS[kind]
+  if wraps and inner is None:
+    raise ValueError(f"draft {name!r} wraps another draft; none was given")
+  return factory(argument, inner) if wraps else factory(argument, None)
+
+
+def from_model_config(config: ModelConfig) -> Draft:
+  """A model draft's ModelConfig -> its Draft: a FeatureDraft when it fuses target
+  features (`feature_layers`), else an IndependentDraft."""
+  return FeatureDraft(config) if config.feature_layers else IndependentDraft(config)
+
+
+def as_draft(draft) -> Draft | None:
+  """A Draft as it is; a ModelConfig as its model draft; None stays None."""
+  if draft is None or isinstance(draft, Draft):
+    return draft
+  if isinstance(draft, ModelConfig):
+    return from_model_config(draft)
+  raise ValueError(f"a draft must be a Draft (specdec_jax.drafts) or a ModelConfig, got "
+                   f"{type(draft).__name__}")
+
+
+register("ngram", lambda argument, inner: NgramDraft.from_name(f"ngram:{argument}"))
+register("hybrid", lambda argument, inner: HybridDraft.from_name(f"hybrid:{argument}", inner),
+         wraps=True)

@@ -1,0 +1,134 @@
+"""A new draft kind defined in this file alone, against the `Draft` interface, runs exactly
+through every decode path: a fixed γ, γ 'auto' and token trees.
+
+`UnigramDraft` ignores the context: every proposal is drawn from one fixed law q over the
+vocabulary (config name 'unigram:<seed>', q a seeded random law). It touches no library
+module: it subclasses `specdec_jax.drafts.base.Draft`, implements the moves it needs and
+registers a name. Whole generated sequences are compared with the target's exact law
+(enumeration, as tests/test_exactness.py does) by a chi-square test.
+
+False-failure rate: each law case fails for a correct sampler with probability
+SIGNIFICANCE = 1e-3 over seeds (three cases: at most 0.3% for the file); seeds are fixed,
+so the outcome is deterministic. The negative control, a draft that reports a q other
+than the one it sampled from, must fail the same test at 1e-9.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import SIGNIFICANCE, chi_square_pvalue, law_of_continuations, law_pair
+from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfig,
+                         TreeProposal, autoregressive_generate, speculative_generate)
+from specdec_jax.drafts import registry
+from specdec_jax.drafts.base import Draft, TreeChildren, sample_rows, tree_children, tree_levels
+from specdec_jax.gamma.adaptive import CostTable
+from specdec_jax.verification.tree_shapes import parse_tree
+
+VOCAB, NEW, ROWS = 4, 4, 40_000
+PROMPT = [1, 3, 0]
+T1 = SamplingConfig(temperature=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnigramDraft(Draft):
+  """Every proposal ~ the fixed law `q` (a tuple: hashable), whatever the context."""
+
+  q: tuple[float, ...]
+  honest: bool = True  # False: report the uniform law instead of q (the negative control)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.q)
+
+  def check_tree(self, shape, rule, vocab_size) -> None:
+    if rule not in ("sampled", "topk") or shape.budget is not None:
+      raise ValueError(f"unigram trees take rule 'sampled' or 'topk', static shapes; got "
+                       f"{rule!r}")
+
+  def _laws(self, batch: int, positions: int):
+    """(the law sampled from, the law reported), each [B,positions,V]."""
+    q = jnp.broadcast_to(jnp.asarray(self.q, jnp.float32), (batch, positions, len(self.q)))
+    reported = q if self.honest else jnp.full_like(q, 1.0 / len(self.q))
+    return q, reported
+
+  def propose(self, params, target_params, state, keys, *, plan, chosen, warp_fn, greedy,
+              vocab_size, shallow=None):
+    q, reported = self._laws(keys.shape[0], keys.shape[1])
+    xs = jax.vmap(lambda k, p: sample_rows(k, p, greedy), in_axes=(1, 1), out_axes=1)(keys, q)
+    return xs, reported, None
+
+  def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
+                   vocab_size, greedy):
+    q, reported = self._laws(keys.shape[0], shape.num_nodes + 1)
+    drafted = TreeChildren(q_at=q, rank=jnp.log(q))
+    nodes = jnp.concatenate([
+        tree_children(shape, rule, start, end, drafted, keys, greedy)
+        for start, end in tree_levels(shape)], axis=1)
+    return nodes, reported, None, None
+
+
+def unigram(argument: str, inner=None, honest: bool = True) -> UnigramDraft:
+  """'unigram:<seed>' -> a seeded random law over the test's vocabulary."""
+  rng = np.random.default_rng(int(argument))
+  return UnigramDraft(tuple(float(x) for x in rng.dirichlet(np.ones(VOCAB))), honest)
+
+
+registry.register("unigram", unigram)
+COSTS = CostTable(c=0.2, verify_costs=(1.0, 1.1, 1.2, 1.3))  # some rows draft, some not
+PROPOSERS = dict(chain=FixedGamma(3), auto=AutoGamma(COSTS, 3),
+                 tree=TreeProposal(parse_tree("2,1"), "sampled"))
+
+
+@pytest.fixture(scope="module")
+def pair():
+  target, tp, _, _ = law_pair(VOCAB)
+  return Model(target, tp), Model(registry.make("unigram:5"), None)
+
+
+def sequence_index(tokens: np.ndarray) -> np.ndarray:
+  return (tokens * VOCAB ** np.arange(NEW - 1, -1, -1)).sum(axis=1)
+
+
+def test_registered_by_name():
+  assert "unigram" in registry.kinds()
+  assert registry.make("unigram:5") == unigram("5")
+
+
+@pytest.mark.parametrize("path", sorted(PROPOSERS))
+def test_greedy_equals_autoregressive(pair, path):
+  target, draft = pair
+  prompts = [PROMPT, [2, 2, 1, 0], [0]]
+  greedy = SamplingConfig(temperature=0.0)
+  plain = autoregressive_generate(target, prompts, spec=DecodeSpec(7, sampling=greedy))
+  proposer = dataclasses.replace(PROPOSERS[path], rule="topk") if path == "tree" else (
+      PROPOSERS[path])
+  out = speculative_generate(target, draft, prompts,
+                             spec=DecodeSpec(7, proposer, sampling=greedy))
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+
+
+@pytest.mark.parametrize("path", sorted(PROPOSERS))
+def test_sequences_follow_target_distribution(pair, path):
+  target, draft = pair
+  exact = law_of_continuations(target.config, target.params, T1, PROMPT, VOCAB, NEW)
+  out = speculative_generate(target, draft, [PROMPT] * ROWS,
+                             spec=DecodeSpec(NEW, PROPOSERS[path], sampling=T1,
+                                             verifier="token"), seed=7)
+  assert (out.lengths == NEW).all()
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
+
+
+def test_negative_control_dishonest_draft_fails(pair):
+  """A draft that samples from q but reports the uniform law breaks exactness: the same
+  test must reject it."""
+  target, _ = pair
+  liar = Model(unigram("5", honest=False), None)
+  exact = law_of_continuations(target.config, target.params, T1, PROMPT, VOCAB, NEW)
+  out = speculative_generate(target, liar, [PROMPT] * ROWS,
+                             spec=DecodeSpec(NEW, FixedGamma(3), sampling=T1, verifier="token"),
+                             seed=7)
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) < 1e-9
