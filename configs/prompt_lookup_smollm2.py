@@ -5,7 +5,7 @@ r"""SmolLM2-135M with the prompt-lookup (n-gram) draft on a repetitive text.
       --gammas=2,4,8                                      # free prose: Luke's opening
 
 The prompt is the opening of Psalm 136 (World English Bible, the corpus of
-`specdec_jax.io.data`), whose refrain "For his loving kindness endures forever" comes
+`specdec_jax.io.corpora`), whose refrain "For his loving kindness endures forever" comes
 back every line: the draft proposes what followed the last match of up to 3 trailing
 tokens, at no draft cost and with no training.
 

@@ -36,21 +36,25 @@ def tiny_pair():
   return target, tiny_model(target, 0), draft, tiny_model(draft, 1)
 
 
+def decode_spec(name: str):
+  """The DecodeSpec of every case: γ = GAMMA, NEW tokens, the sampling SAMPLINGS[name]."""
+  from specdec_jax import DecodeSpec, FixedGamma, SamplingConfig
+  return DecodeSpec(NEW, FixedGamma(GAMMA), sampling=SamplingConfig(**SAMPLINGS[name]))
+
+
 def generate_cases(mesh, names=tuple(SAMPLINGS)) -> dict:
   """{sampling name: tokens} of mesh_generate (None: one device, speculative_generate) for
   the SAMPLINGS named."""
-  from specdec_jax import SamplingConfig, speculative_generate
+  from specdec_jax import Model, speculative_generate
   from specdec_jax.decoding.parallel import mesh_generate
   target, tp, draft, dp = tiny_pair()
   out = {}
   for name in names:
-    kw = SAMPLINGS[name]
-    common = dict(target_config=target, draft_config=draft, gamma=GAMMA, max_new_tokens=NEW,
-                  sampling=SamplingConfig(**kw), seed=SEED)
+    common = dict(spec=decode_spec(name), seed=SEED)
     if mesh is None:
-      res = speculative_generate(tp, dp, PROMPTS, **common)
+      res = speculative_generate(Model(target, tp), Model(draft, dp), PROMPTS, **common)
     else:
-      res = mesh_generate(tp, dp, PROMPTS, mesh=mesh, **common)
+      res = mesh_generate(Model(target, tp), Model(draft, dp), PROMPTS, mesh=mesh, **common)
     out[name] = dict(tokens=res.tokens.tolist(), accepted=res.accepted.tolist())
   return out
 
@@ -99,13 +103,12 @@ def restore_state(directory, like_state, identity, mesh):
 
 
 def local(workdir: pathlib.Path) -> dict:
-  from specdec_jax import SamplingConfig
+  from specdec_jax import Model
   from specdec_jax.decoding.parallel import pmap_generate
   assert jax.device_count() == 4, jax.devices()
   target, tp, draft, dp = tiny_pair()
-  pmapped, stats = pmap_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                                 gamma=GAMMA, max_new_tokens=NEW,
-                                 sampling=SamplingConfig(**SAMPLINGS["t1_top_p"]), seed=SEED)
+  pmapped, stats = pmap_generate(Model(target, tp), Model(draft, dp), PROMPTS,
+                                 spec=decode_spec("t1_top_p"), seed=SEED)
   out = {"pmap": dict(tokens=pmapped.tokens.tolist(), stats=stats)}
   # (2,2) every sampling; (1,4) the sampled one only (its keys are what a layout could
   # change; each case compiles a sharded loop)

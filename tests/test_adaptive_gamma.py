@@ -17,17 +17,22 @@ import functools
 import logging
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from helpers import (SIGNIFICANCE, chi_square_pvalue, greedy_draft_pair, law_feature_pair,
                      law_pair, tiny_config, tiny_model)
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfig,
+                         autoregressive_generate, speculative_generate)
 from specdec_jax.bench import studies
-from specdec_jax.decoding import speculative as spec
+from specdec_jax.decoding import loop, step as decode_step
+from specdec_jax.decoding.spec import make_proposer, prepare
+from specdec_jax.drafts.feature import FEATURE_LAG
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.ngram import NgramDraft
+from specdec_jax.gamma import adaptive, machine_costs
 from specdec_jax.gamma.adaptive import CostTable
-from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
 from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
 
@@ -58,17 +63,34 @@ def pair():
 @pytest.fixture(scope="module")
 def feature_pair(pair):
   """law_feature_pair with room for the feature lag of gamma='auto': the prompt (3), 4 new
-  tokens, γ_max (3) and `spec.FEATURE_LAG` (8) need 18 positions, over its 16."""
+  tokens, γ_max (3) and `FEATURE_LAG` (8) need 18 positions, over its 16."""
   target, tp, draft, dp = law_feature_pair(pair)
   return target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32), dp
 
 
-def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):
+def auto_spec(costs, max_new_tokens, sampling=SamplingConfig(), verifier="block"):
+  """The DecodeSpec of gamma='auto' with γ_max = GAMMA_MAX and the cost table `costs`."""
+  return DecodeSpec(max_new_tokens, AutoGamma(costs, GAMMA_MAX), sampling=sampling,
+                    verifier=verifier)
+
+
+def auto_generate(pair, prompts, *, costs, max_new_tokens, sampling=SamplingConfig(),
+                  verifier="block", **call):
+  """speculative_generate under gamma='auto' (call: seed, row_ids)."""
   target, tp, draft, dp = pair
-  out = speculative_generate(tp, dp, [PROMPT] * rows, target_config=target,
-                             draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
-                             costs=costs, max_new_tokens=4, sampling=sampling, seed=seed,
-                             verifier=verifier)
+  return speculative_generate(Model(target, tp), Model(draft, dp), prompts,
+                              spec=auto_spec(costs, max_new_tokens, sampling, verifier), **call)
+
+
+def greedy_autoregressive(pair, prompts=None, max_new_tokens=12):
+  target, tp = pair[:2]
+  return autoregressive_generate(Model(target, tp), PROMPTS if prompts is None else prompts,
+                                 spec=DecodeSpec(max_new_tokens, sampling=GREEDY))
+
+
+def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):
+  out = auto_generate(pair, [PROMPT] * rows, costs=costs, max_new_tokens=4, sampling=sampling,
+                      verifier=verifier, seed=seed)
   assert (out.lengths == 4).all()
   return out
 
@@ -167,12 +189,9 @@ GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.50, 1.76, 1.98))
     pytest.param("hybrid", "block", marks=pytest.mark.slow),
 ])
 def test_greedy_auto_gamma_equals_greedy_autoregressive(greedy_pairs, kind, verifier):
-  target, tp, draft, dp = greedy_pairs[kind]
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
-                               sampling=GREEDY)
-  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                             gamma="auto", gamma_max=GAMMA_MAX, costs=GRADED,
-                             max_new_tokens=12, sampling=GREEDY, verifier=verifier)
+  ar = greedy_autoregressive(greedy_pairs[kind])
+  out = auto_generate(greedy_pairs[kind], PROMPTS, costs=GRADED, max_new_tokens=12,
+                      sampling=GREEDY, verifier=verifier)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   live = out.gammas >= 0
   assert len(np.unique(out.gammas[live])) > 1  # the choice really varies
@@ -185,12 +204,9 @@ def test_nothing_pays_gives_plain_steps(greedy_pairs):
   drafted. (At T > 0 the token of a γ = 0 step comes from the verifier's resample key,
   not the autoregressive loop's step key: same law, other draws; the scripts decode
   with `autoregressive_generate` itself when `CostTable.drafting_pays` is False.)"""
-  target, tp, draft, dp = greedy_pairs["model"]
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
-                               sampling=GREEDY)
-  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
-                             max_new_tokens=12, sampling=GREEDY, verifier="block")
+  ar = greedy_autoregressive(greedy_pairs["model"])
+  out = auto_generate(greedy_pairs["model"], PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12,
+                      sampling=GREEDY, verifier="block")
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   assert (out.gammas[out.gammas >= 0] == 0).all() and out.tokens_per_step() == 1.0
   assert not out.reached().any() and np.isnan(out.alpha())
@@ -204,18 +220,17 @@ def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   """Rows 0 and 3 (same prompts and row ids) give the same tokens and γ choices beside
   other neighbours, or alone, at T=1, though each step's call width follows the
   neighbours' choices. Batches of one shape share one compiled loop."""
-  target, tp, draft, dp = greedy_pairs[kind]
-  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
-            costs=dict(switching=SWITCHING, graded=GRADED)[table], max_new_tokens=12,
+  pair = greedy_pairs[kind]
+  kw = dict(costs=dict(switching=SWITCHING, graded=GRADED)[table], max_new_tokens=12,
             sampling=SamplingConfig(1.0), seed=3)
-  first = speculative_generate(tp, dp, PROMPTS, **kw)
+  first = auto_generate(pair, PROMPTS, **kw)
   rows = (0, 3)
   if alone:
-    seconds = [speculative_generate(tp, dp, [PROMPTS[b]], row_ids=[b], **kw) for b in rows]
+    seconds = [auto_generate(pair, [PROMPTS[b]], row_ids=[b], **kw) for b in rows]
     pairs = [(b, s, 0) for b, s in zip(rows, seconds)]
   else:
     others = [PROMPTS[0], [30, 29, 28, 27, 26], [25], PROMPTS[3], [24, 23]]
-    second = speculative_generate(tp, dp, others, row_ids=[0, 10, 11, 3, 12], **kw)
+    second = auto_generate(pair, others, row_ids=[0, 10, 11, 3, 12], **kw)
     seconds, pairs = [second], [(b, second, b) for b in rows]
   for b, second, c in pairs:
     np.testing.assert_array_equal(first.tokens[b], second.tokens[c])
@@ -233,27 +248,28 @@ def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
   with the target's true features (β = Σ min(p, q) equal to float rounding, T=1)."""
   target, tp, draft, dp = greedy_pairs["feature"]
   sampling = SamplingConfig(temperature=1.0)
-  args = spec.prepare_generate(PROMPTS[1:2], target_config=target, draft_config=draft,
-                               gamma="auto", gamma_max=GAMMA_MAX, costs=SWITCHING,
-                               max_new_tokens=8, sampling=sampling, seed=5, row_ids=None,
-                               eos_id=None, pad_id=0, vocab_size=None, verifier=None)
-  statics = {k: args.statics[k] for k in ("target_config", "sampling", "vocab_size", "eos_id",
-                                          "max_new_tokens")}
-  step = jax.jit(functools.partial(spec.speculative_step_fn, draft_config=draft,
-                                   gamma=GAMMA_MAX, verifier=block_verify, costs=args.costs,
-                                   **statics), static_argnames=("width", "skip_draft"))
-  init = functools.partial(spec.init_state_jit, target_config=target, draft_config=draft,
-                           gamma=GAMMA_MAX, max_new_tokens=8, adaptive_gamma=True)
-  state = init(tp, dp, args.tokens, args.prompt_len, args.row_keys)
-  assert bool(spec.may_skip_draft(state, np.zeros(1, np.int32)))
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS[1:2],
+                     auto_spec(SWITCHING, 8, sampling, block_verify), seed=5)
+  spec, feature = prepared.spec, prepared.draft
+  assert spec.lag(feature) == FEATURE_LAG
+  costs = jnp.asarray(prepared.costs)
+  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
+                                   draft=feature, spec=spec),
+                 static_argnames=("width", "skip_draft"))
+  init = functools.partial(loop.init_state_jit, target_config=target, draft=feature,
+                           gamma=GAMMA_MAX, max_new_tokens=8, lag=FEATURE_LAG,
+                           adaptive_gamma=True)
+  state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
+  assert bool(decode_step.may_skip_draft(state, feature, jnp.zeros(1, jnp.int32)))
   for _ in range(3):
-    state = step(tp, dp, state, width=1, skip_draft=True)
+    state = step(tp, dp, state, costs, width=1, skip_draft=True)
   n = int(state.num_tokens[0])
-  assert n == 5 + 3 and int(state.draft_cache["length"][0]) == 4  # ℓ_d stayed at the prompt
-  lagged = step(tp, dp, state, width=GAMMA_MAX + 1)
-  fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, args.row_keys)
+  # ℓ_d stayed at the prompt
+  assert n == 5 + 3 and int(state.draft_state.cache["length"][0]) == 4
+  lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
+  fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
   fresh = step(tp, dp, fresh.replace(step=state.step, alpha_estimate=state.alpha_estimate,
-                                     plain_run=state.plain_run), width=GAMMA_MAX + 1)
+                                     plain_run=state.plain_run), costs, width=GAMMA_MAX + 1)
   np.testing.assert_allclose(lagged.accept_prob[0, 3], fresh.accept_prob[0, 3], atol=1e-5)
   assert lagged.accept_prob[0, 3, 0] > 0
   np.testing.assert_array_equal(lagged.tokens[0, :int(lagged.num_tokens[0])],
@@ -264,49 +280,40 @@ def test_feature_draft_skips_plain_steps_and_probes(greedy_pairs):
   """Under a table where nothing pays, a feature draft's rows take plain steps; the draft
   runs on every FEATURE_LAG-th of them only (its probes observe q_1), and the tokens stay
   those of greedy autoregressive decoding."""
-  target, tp, draft, dp = greedy_pairs["feature"]
-  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
-                             max_new_tokens=12, sampling=GREEDY)
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
-                               sampling=GREEDY)
+  pair = greedy_pairs["feature"]
+  out = auto_generate(pair, PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12, sampling=GREEDY)
+  ar = greedy_autoregressive(pair)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   assert (out.gammas[out.gammas >= 0] == 0).all()
   # At T=1 β_1 > 0 wherever the draft ran: on steps 4, 8, 12 of each row only.
-  out = speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                             gamma="auto", gamma_max=GAMMA_MAX, costs=NOTHING_PAYS,
-                             max_new_tokens=12, sampling=SamplingConfig(temperature=1.0))
+  out = auto_generate(pair, PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12,
+                      sampling=SamplingConfig(temperature=1.0))
   ran = np.asarray(out.accept_prob)[:, :12, 0] > 0
   want = np.zeros(12, bool)
-  want[spec.FEATURE_LAG - 1::spec.FEATURE_LAG] = True
+  want[FEATURE_LAG - 1::FEATURE_LAG] = True
   np.testing.assert_array_equal(ran, np.broadcast_to(want, ran.shape))
 
 
 def test_auto_gamma_compiles_one_loop(greedy_pairs):
   """Tables are traced inputs: other tables and seeds reuse the one compiled decode loop
   (every call width is a branch inside it); the jitted step compiles once too."""
-  target, tp, draft, dp = greedy_pairs["model"]
-  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
-            max_new_tokens=12, sampling=GREEDY, verifier="block")
-  speculative_generate(tp, dp, PROMPTS, costs=SWITCHING, **kw)  # compiled here or before
-  before = spec.run_steps_jit._cache_size()
+  pair = greedy_pairs["model"]
+  target, tp, draft, dp = pair
+  kw = dict(max_new_tokens=12, sampling=GREEDY, verifier="block")
+  auto_generate(pair, PROMPTS, costs=SWITCHING, **kw)  # compiled here or before
+  before = loop.run_steps_jit._cache_size()
   for seed, table in enumerate((NOTHING_PAYS, CostTable(0.1, (1, 1.1, 1.2, 1.3)), SWITCHING)):
-    out = speculative_generate(tp, dp, PROMPTS, costs=table, seed=seed, **kw)
-  assert spec.run_steps_jit._cache_size() == before
+    out = auto_generate(pair, PROMPTS, costs=table, seed=seed, **kw)
+  assert loop.run_steps_jit._cache_size() == before
   assert len(np.unique(out.gammas[out.gammas >= 0])) > 1
 
-  args = spec.prepare_generate(PROMPTS, seed=0, row_ids=None, eos_id=None, pad_id=0,
-                               vocab_size=None, verifier=None, costs=SWITCHING,
-                               **{k: kw[k] for k in ("target_config", "draft_config", "gamma",
-                                                     "gamma_max", "max_new_tokens",
-                                                     "sampling")})
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                              target_config=target, draft_config=draft, gamma=GAMMA_MAX,
-                              max_new_tokens=12, adaptive_gamma=True)
-  step_before = spec.speculative_step._cache_size()
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, auto_spec(SWITCHING, **kw))
+  state = loop.prefill(Model(target, tp), dp, prepared)
+  step_before = decode_step.speculative_step._cache_size()
   for _ in range(4):
-    state = spec.speculative_step(tp, dp, state, costs=args.costs, **args.statics)
-  assert spec.speculative_step._cache_size() == step_before + 1
+    state = decode_step.speculative_step(tp, dp, state, prepared.costs, target_config=target,
+                                         draft=prepared.draft, spec=prepared.spec)
+  assert decode_step.speculative_step._cache_size() == step_before + 1
 
 
 def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
@@ -314,9 +321,8 @@ def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
   no drafted position counted); rows with a match propose γ."""
   target, tp, _, _ = greedy_pairs["model"]
   prompts = [[1, 2, 3, 4], [5, 6, 5, 6, 5]]  # no earlier copy of 4 | "6 5" occurred before
-  out = speculative_generate(tp, None, prompts, target_config=target,
-                             draft_config=NgramDraft(2), gamma=3, max_new_tokens=1,
-                             sampling=GREEDY)
+  out = speculative_generate(Model(target, tp), Model(NgramDraft(2), None), prompts,
+                             spec=DecodeSpec(1, FixedGamma(3), sampling=GREEDY))
   np.testing.assert_array_equal(out.gammas[:, 0], [0, 3])
   assert out.accepted[0, 0] == 0 and out.reached()[0].sum() == 0
   # Alone (batch 1), row 0's step is the width-1 branch: a plain target step.
@@ -376,7 +382,7 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   A first timing whose plain step reads 3x slow (s(0) far below 1) is timed again, and
   the plausible attempt is kept."""
   target, tp, draft, dp = greedy_pairs["feature"]
-  timed, original = [], studies.interleaved_seconds
+  timed, original = [], machine_costs.timing.interleaved_seconds
 
   def interleaved(fns, repeats):
     seconds, results = original(fns, repeats)
@@ -386,9 +392,9 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
       timed.append(seconds)
     return seconds, results
 
-  monkeypatch.setattr(machine_costs.studies, "interleaved_seconds", interleaved)
-  table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
-                                      sampling=GREEDY, context=8, max_new_tokens=4,
+  monkeypatch.setattr(machine_costs.timing, "interleaved_seconds", interleaved)
+  table = machine_costs.measure_steps(Model(target, tp), Model(draft, dp), gamma_max=2,
+                                      batch=2, sampling=GREEDY, context=8, max_new_tokens=4,
                                       repeats=2)
   assert 2 <= len(timed) <= machine_costs.TIMING_ATTEMPTS
   kept = [x[2] / x["plain"] for x in timed[1:]]  # not the disturbed attempt
@@ -414,8 +420,8 @@ def test_measure_steps_times_lookup_steps(greedy_pairs, kind):
   (it proposes nothing elsewhere). No values checked, as above; the harness itself
   raises if a row took another γ than the one it timed."""
   target, tp, draft, dp = greedy_pairs[kind]
-  table = machine_costs.measure_steps(tp, target, dp, draft, gamma_max=2, batch=2,
-                                      sampling=GREEDY, context=8, max_new_tokens=4,
+  table = machine_costs.measure_steps(Model(target, tp), Model(draft, dp), gamma_max=2,
+                                      batch=2, sampling=GREEDY, context=8, max_new_tokens=4,
                                       repeats=2)
   assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
   if kind == "ngram":
@@ -431,17 +437,16 @@ def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs, caplog):
   that run then decodes with: generating afterwards compiles no prefill and no loop.
   (Compiles are counted from JAX's log: the jit's dispatch cache may key a call anew, for
   example by its arguments' placement, without tracing or compiling anything.)"""
-  target, tp, draft, dp = greedy_pairs["feature"]
+  pair = greedy_pairs["feature"]
+  target, tp, draft, dp = pair
   table = machine_costs.measure_steps(
-      tp, target, dp, draft, gamma_max=GAMMA_MAX, batch=len(PROMPTS), sampling=GREEDY,
-      context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
+      Model(target, tp), Model(draft, dp), gamma_max=GAMMA_MAX, batch=len(PROMPTS),
+      sampling=GREEDY, context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
       repeats=1)
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-    speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                         gamma="auto", gamma_max=GAMMA_MAX, costs=table, max_new_tokens=12,
-                         sampling=GREEDY, verifier="block")
-    autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
-                            sampling=GREEDY)
+    auto_generate(pair, PROMPTS, costs=table, max_new_tokens=12, sampling=GREEDY,
+                  verifier="block")
+    greedy_autoregressive(pair)
   compiled = [r.getMessage()[:40] for r in caplog.records
               if r.getMessage().startswith("Compiling jit(")]
   assert not [m for m in compiled if "run_steps" in m or "init_state" in m], compiled
@@ -498,11 +503,13 @@ def test_gamma_histogram_and_widths():
     (dict(gamma_max=5), "gamma_max=5 needs v\\(k\\) up to k=6"),
 ])
 def test_bad_auto_arguments_raise(greedy_pairs, change, match):
+  """A config's gamma fields become the proposer (`make_proposer`, which refuses a table
+  without gamma 'auto'); the rest are refused when the proposer is built or checked."""
   target, tp, draft, dp = greedy_pairs["model"]
-  kw = dict(target_config=target, draft_config=draft, gamma="auto", gamma_max=GAMMA_MAX,
-            costs=SWITCHING, max_new_tokens=4)
+  fields = {**dict(gamma="auto", gamma_max=GAMMA_MAX, costs=SWITCHING), **change}
   with pytest.raises(ValueError, match=match):
-    speculative_generate(tp, dp, PROMPTS, **{**kw, **change})
+    speculative_generate(Model(target, tp), Model(draft, dp), PROMPTS,
+                         spec=DecodeSpec(4, make_proposer(**fields)))
 
 
 @pytest.mark.parametrize("c,v,match", [

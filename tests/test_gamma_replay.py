@@ -4,10 +4,9 @@ loop's own accepted counts, and the replay's arithmetic on hand-made traces."""
 import numpy as np
 import pytest
 
-from helpers import tiny_config, tiny_model
-from specdec_jax import SamplingConfig, speculative_generate
+from helpers import GREEDY, speculative, tiny_config, tiny_model
+from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.gamma import gamma_replay
-from specdec_jax.drafts.ngram import HybridDraft
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [10, 11, 10, 11]]
 
@@ -27,15 +26,14 @@ def pair():
 def test_trace_depths_are_the_loops_accepted_counts(pair, kind):
   """Greedy decoding with a fixed γ accepts min(depth[ℓ], γ) at each step's start ℓ."""
   target, tp, hybrid, dp = pair
-  draft = hybrid if kind == "hybrid" else hybrid.feature
+  draft = hybrid if kind == "hybrid" else hybrid.inner.config  # the feature ModelConfig
   gamma, new = 3, 16
   hits = lookups = 0
   for prompt in PROMPTS:
     trace = gamma_replay.greedy_trace(tp, target, dp, draft, prompt, max_new_tokens=new,
                                       depth=gamma)
-    out = speculative_generate(tp, dp, [prompt], target_config=target, draft_config=draft,
-                               gamma=gamma, max_new_tokens=new,
-                               sampling=SamplingConfig(temperature=0.0))
+    out = speculative((target, tp, draft, dp), [prompt], gamma=gamma, max_new_tokens=new,
+                      sampling=GREEDY)
     at = 0
     for accepted in out.accepted[0][out.accepted[0] >= 0]:
       if at + accepted + 1 >= new:  # the last step may be cut at max_new_tokens

@@ -18,20 +18,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue, noise_params, tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
+from helpers import (SIGNIFICANCE, assert_greedy_equals_autoregressive, chi_square_pvalue,
+                     noise_params, speculative, tiny_config, tiny_model)
+from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfig,
+                         speculative_generate)
+from specdec_jax.decoding import loop, step
+from specdec_jax.decoding.spec import prepare
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.ngram import NgramDraft, lookup
 from specdec_jax.gamma import adaptive
-from specdec_jax.drafts import drafting
-from specdec_jax.decoding import speculative as spec
 from specdec_jax.io import checkpoint as ckpt_lib
 from specdec_jax.loading import ByteTokenizer, load_draft
-from specdec_jax.drafts.ngram import HybridDraft, NgramDraft, lookup
 from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import (NEW, PROMPT, ROWS, assert_naive_verifier_fails,
                             exact_sequence_probs,
                             sample_sequences, sequence_index)
-
-GREEDY = SamplingConfig(temperature=0.0)
 
 
 def lookup_fires(row: list[int], min_n: int, max_n: int) -> bool:
@@ -114,7 +115,7 @@ def test_hybrid_negative_control_fails(hybrid_pair):
 
 # Per-source step costs under which the feature draft's rows take γ <= 1 (γ >= 2 costs 50
 # plain steps) and the lookup's rows γ = 3, so every step of the 40,000-row batch takes the
-# shallow path (`drafting.draft_hybrid`: the feature draft's deeper drafts are skipped).
+# shallow path (`HybridDraft.propose`: the feature draft's deeper drafts are skipped).
 SHALLOW_COSTS = adaptive.CostTable(c=0.0, verify_costs=(1.0, 1.1, 1.2, 1.3),
                                    step_costs=(1.0, 1.2, 50.0, 50.0),
                                    lookup_step_costs=(1.0, 1.1, 1.2, 1.3))
@@ -127,36 +128,41 @@ def test_auto_hybrid_by_source_follows_target_distribution(hybrid_pair):
   target, tp, draft, dp = hybrid_pair
   sampling = SamplingConfig(temperature=1.0)
   exact = exact_sequence_probs(target, tp, sampling)
-  out = speculative_generate(tp, dp, [PROMPT] * ROWS, target_config=target, draft_config=draft,
-                             gamma="auto", gamma_max=3, costs=SHALLOW_COSTS,
-                             max_new_tokens=NEW, sampling=sampling, seed=11)
+  out = speculative_generate(Model(target, tp), Model(draft, dp), [PROMPT] * ROWS,
+                             spec=DecodeSpec(NEW, AutoGamma(SHALLOW_COSTS, 3), sampling=sampling),
+                             seed=11)
   assert (out.lengths == NEW).all()
   live = out.gammas[out.gammas >= 0]
   assert (live == 3).any() and (live == 1).any() and not (live == 2).any()
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
 
+def prefilled(pair, gamma: int, new: int, sampling: SamplingConfig):
+  """(Prepared, prefilled DecodeState) of PROMPTS for pair at a fixed γ, seed 5."""
+  target, tp, draft, dp = pair
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS,
+                     DecodeSpec(new, FixedGamma(gamma), sampling=sampling, verifier="block"),
+                     seed=5)
+  return prepared, loop.prefill(Model(target, tp), dp, prepared)
+
+
 def test_shallow_hybrid_drafts_what_the_verifier_would_see(greedy_pair):
   """When every row proposing two or more takes the lookup, the skipped deeper drafts
   change nothing a row proposes: x and q equal the full drafting's on lookup rows at
   every depth and on the other rows at depth 1 (T=1, same keys)."""
-  target, tp, hybrid, dp = greedy_pair
+  _, tp, hybrid, dp = greedy_pair
   gamma, new = 3, 8
-  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=hybrid,
-                               gamma=gamma, max_new_tokens=new, sampling=SamplingConfig(1.0),
-                               seed=5, row_ids=None, eos_id=None, pad_id=0, vocab_size=None,
-                               verifier="block")
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                              target_config=target, draft_config=hybrid, gamma=gamma,
-                              max_new_tokens=new)
+  _, state = prefilled(greedy_pair, gamma, new, SamplingConfig(1.0))
   keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(
       len(PROMPTS), gamma, 2)
   found = np.asarray(lookup(state.tokens, state.num_tokens, min_n=2, max_n=2, gamma=gamma)[1])
   assert found.any() and not found.all()
-  draft = functools.partial(drafting.draft_hybrid, tp, dp, state, keys, draft_config=hybrid,
-                            gamma=gamma, greedy=False,
+  plan = hybrid.plan(state, gamma)
+  np.testing.assert_array_equal(plan.lookup[1], found)
+  draft = functools.partial(hybrid.propose, dp, tp, state, keys, plan=plan, greedy=False,
+                            vocab_size=32,
                             warp_fn=lambda logits: jax.nn.softmax(logits[..., :32], -1))
-  full_x, full_q, _ = draft()
+  full_x, full_q, _ = draft(chosen=jnp.full((len(PROMPTS),), gamma))  # no row shallow
   shallow_x, shallow_q, _ = draft(chosen=jnp.asarray(np.where(found, gamma, 1)))
   np.testing.assert_array_equal(shallow_x[found], full_x[found])
   np.testing.assert_array_equal(shallow_q[found], full_q[found])
@@ -183,21 +189,14 @@ def greedy_pair():
           tiny_model(feature, 1, factor=3.0))
 
 
-def generate(pair, prompts=PROMPTS, gamma=3, **kw):
-  target, tp, draft, dp = pair
-  kw.setdefault("max_new_tokens", 16)
-  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft,
-                              gamma=gamma, **kw)
+def generate(pair, prompts=PROMPTS, gamma=3, max_new_tokens=16, **kw):
+  return speculative(pair, prompts, gamma=gamma, max_new_tokens=max_new_tokens, **kw)
 
 
 @pytest.mark.parametrize("verifier", [pytest.param("token", marks=pytest.mark.slow), "block"])
 def test_greedy_hybrid_equals_greedy_autoregressive(greedy_pair, verifier):
-  target, tp, draft, _ = greedy_pair
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=16,
-                               sampling=GREEDY)
-  sp = generate(greedy_pair, sampling=GREEDY, verifier=verifier)
-  np.testing.assert_array_equal(sp.tokens, ar.tokens)
-  looked, drafted = branch_counts(PROMPTS, sp, draft)
+  sp = assert_greedy_equals_autoregressive(greedy_pair, PROMPTS, verifier=verifier)
+  looked, drafted = branch_counts(PROMPTS, sp, greedy_pair[2])
   assert looked > 0 and drafted > 0
 
 
@@ -217,30 +216,25 @@ def test_feature_branch_equals_a_fresh_feature_draft(greedy_pair):
   the next step equal those of a pure feature draft prefilled afresh with the same
   tokens: its cache and features are those of the emitted tokens."""
   target, tp, hybrid, dp = greedy_pair
-  feature, gamma, new = hybrid.feature, 3, 24
-  sampling = SamplingConfig(1.0)
-  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=hybrid,
-                               gamma=gamma, max_new_tokens=new, sampling=sampling, seed=5,
-                               row_ids=None, eos_id=None, pad_id=0, vocab_size=None,
-                               verifier="block")
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                              target_config=target, draft_config=hybrid, gamma=gamma,
-                              max_new_tokens=new)
-  width = args.tokens.shape[1] + new  # a fixed prefix width: one compile of the fresh prefill
+  feature, gamma, new = hybrid.inner, 3, 24
+  prepared, state = prefilled(greedy_pair, gamma, new, SamplingConfig(1.0))
+  width = prepared.tokens.shape[1] + new  # a fixed prefix width: one compile of the prefill
   keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(
       len(PROMPTS), gamma, 2)
-  draft_qs = jax.jit(lambda st: drafting.draft_feature(
-      tp, dp, st, keys, draft_config=feature, gamma=gamma, greedy=False,
+  draft_qs = jax.jit(lambda st: feature.propose(
+      dp, tp, st, keys, plan=feature.plan(st, gamma), chosen=jnp.full((len(PROMPTS),), gamma),
+      greedy=False, vocab_size=32,
       warp_fn=lambda logits: jax.nn.softmax(logits[..., :32], -1))[1])
   branches = np.zeros(2, np.int64)
   for _ in range(6):
-    state = spec.speculative_step(tp, dp, state, **args.statics)
+    state = step.speculative_step(tp, dp, state, target_config=target, draft=prepared.draft,
+                                  spec=prepared.spec)
     num = np.asarray(state.num_tokens)
     prefixes = np.asarray(state.tokens)[:, :width].copy()
     for b in range(len(PROMPTS)):
       prefixes[b, num[b]:] = 0
-    fresh = spec.init_state_jit(tp, dp, prefixes, state.num_tokens, args.row_keys,
-                                target_config=target, draft_config=feature, gamma=gamma,
+    fresh = loop.init_state_jit(tp, dp, prefixes, state.num_tokens, prepared.row_keys,
+                                target_config=target, draft=feature, gamma=gamma,
                                 max_new_tokens=new)
     np.testing.assert_allclose(draft_qs(state), draft_qs(fresh), atol=2e-5)
     _, found = lookup(state.tokens, state.num_tokens, min_n=2, max_n=2, gamma=gamma)
@@ -253,10 +247,12 @@ def test_feature_branch_equals_a_fresh_feature_draft(greedy_pair):
 def test_hybrid_draft_names_and_errors(greedy_pair, tmp_path):
   target, tp, hybrid, dp = greedy_pair
   tok = ByteTokenizer()
-  ckpt_lib.save_params(tmp_path / "f", dp, hybrid.feature, tokenizer_identity=tok.identity)
+  feature = hybrid.inner.config  # the feature draft's ModelConfig
+  ckpt_lib.save_params(tmp_path / "f", dp, feature, tokenizer_identity=tok.identity)
   cfg, params = load_draft("hybrid:3", tok, target, tp, feature_draft=f"saved:{tmp_path / 'f'}")
-  assert cfg == HybridDraft(hybrid.feature.replace(max_seq_len=64), 3, 3)
-  assert cfg.kind == "hybrid" and cfg.vocab_size == 32 and params["fuse"].shape == (64, 16)
+  assert cfg == HybridDraft(feature.replace(max_seq_len=64), 3, 3)
+  assert isinstance(cfg, HybridDraft) and cfg.vocab_size == 32
+  assert params["fuse"].shape == (64, 16)
   for bad in ("hybrid:0", "hybrid:x", "hybrid:", "hybrid:2:3"):
     with pytest.raises(ValueError, match="hybrid"):
       load_draft(bad, tok, target, tp, feature_draft=f"saved:{tmp_path / 'f'}")
@@ -265,12 +261,12 @@ def test_hybrid_draft_names_and_errors(greedy_pair, tmp_path):
       load_draft("hybrid:3", tok, target, tp, feature_draft=feature_draft)
   with pytest.raises(ValueError, match="is not a feature draft"):
     load_draft("hybrid:3", tok, target, tp, feature_draft="truncate:1")
-  with pytest.raises(ValueError, match="got kind 'ngram'"):
+  with pytest.raises(ValueError, match="follows the emitted tokens .* got NgramDraft"):
     HybridDraft(NgramDraft(2))
   with pytest.raises(ValueError, match="min_n <= max_n, got 3 > 2"):
-    HybridDraft(hybrid.feature, 3, 2)
+    HybridDraft(feature, 3, 2)
   with pytest.raises(ValueError, match="min_n >= 1, got 0"):
-    HybridDraft(hybrid.feature, 0, 2)
+    HybridDraft(feature, 0, 2)
   with pytest.raises(ValueError, match="fuse"):  # a hybrid's params are its feature draft's
     generate(greedy_pair[:3] + (tp,), max_new_tokens=2)
 

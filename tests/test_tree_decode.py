@@ -1,4 +1,4 @@
-"""Token trees in the decode loop (`tree_decode`): greedy equality, the chain special
+"""Token trees in the decode loop (`decoding.tree_step`): greedy equality, the chain special
 case, the caches after a tree step, batch independence, the law at T=1, bad input.
 
 Law tests: a tiny target (vocabulary 4) generates 3 tokens after a fixed prompt; the
@@ -19,11 +19,14 @@ import pytest
 
 import helpers
 from helpers import SIGNIFICANCE, chi_square_pvalue, tiny_config, tiny_model
-from specdec_jax import SamplingConfig, autoregressive_generate, speculative_generate
-from specdec_jax.decoding import speculative as spec
+from specdec_jax import (DecodeSpec, Model, SamplingConfig, TreeProposal,
+                         autoregressive_generate, speculative_generate)
+from specdec_jax.decoding import loop
+from specdec_jax.decoding.spec import make_proposer, prepare
+from specdec_jax.decoding.tree_step import tree_step_fn
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.ngram import NgramDraft
 from specdec_jax.models.model import forward, init_cache
-from specdec_jax.drafts.ngram import HybridDraft, NgramDraft
-from specdec_jax.decoding.tree_decode import tree_step_fn
 from specdec_jax.verification.tree_shapes import TreeShape
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -52,11 +55,14 @@ def feature_pair(model_pair):
   return target, tp, draft, tiny_model(draft, 1, factor=3.0)
 
 
-def generate(pair, prompts=PROMPTS, **kw):
+def generate(pair, prompts=PROMPTS, *, max_new_tokens=12, gamma=1, tree=None,
+             tree_rule="sampled", sampling=SamplingConfig(), verifier="block", **call):
+  """speculative_generate with the config's fields: gamma (unused with a tree), tree and
+  tree_rule become the proposer (`make_proposer`); call: seed, row_ids, prompt_width."""
   target, tp, draft, dp = pair
-  kw.setdefault("max_new_tokens", 12)
-  kw.setdefault("gamma", 1)
-  return speculative_generate(tp, dp, prompts, target_config=target, draft_config=draft, **kw)
+  spec = DecodeSpec(max_new_tokens, make_proposer(gamma, tree=tree, tree_rule=tree_rule),
+                    sampling=sampling, verifier=verifier)
+  return speculative_generate(Model(target, tp), Model(draft, dp), prompts, spec=spec, **call)
 
 
 # make test: rule 'sampled' with the independent and the feature draft, rule 'topk' on
@@ -79,8 +85,8 @@ def test_greedy_tree_equals_greedy_autoregressive(model_pair, feature_pair, kind
               hybrid=feature_pair[:2] + (HybridDraft(feature_pair[2], 2, 2),
                                          feature_pair[3]))[kind]
   target, tp = pair[:2]
-  ar = autoregressive_generate(tp, PROMPTS, target_config=target, max_new_tokens=12,
-                               sampling=GREEDY)
+  ar = autoregressive_generate(Model(target, tp), PROMPTS,
+                               spec=DecodeSpec(12, sampling=GREEDY))
   out = generate(pair, sampling=GREEDY, tree=shape, tree_rule=rule)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
@@ -100,16 +106,12 @@ def test_chain_shape_equals_the_chain_at_t0(model_pair):
 
 def _one_tree_step(pair, shape, rule, sampling, steps=2):
   target, tp, draft, dp = pair
-  args = spec.prepare_generate(PROMPTS, target_config=target, draft_config=draft, gamma=1,
-                               max_new_tokens=12, sampling=sampling, seed=0, row_ids=None,
-                               eos_id=None, pad_id=0, vocab_size=None, verifier=None,
-                               tree=shape, tree_rule=rule)
-  state = spec.init_state_jit(tp, dp, args.tokens, args.prompt_len, args.row_keys,
-                              target_config=target, draft_config=draft,
-                              gamma=shape.num_nodes, max_new_tokens=12)
-  step = jax.jit(lambda s: tree_step_fn(
-      tp, dp, s, target_config=target, draft_config=draft, shape=shape, rule=rule,
-      sampling=sampling, vocab_size=8, eos_id=None, max_new_tokens=12))
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS,
+                     DecodeSpec(12, TreeProposal(shape, rule), sampling=sampling))
+  assert prepared.spec.gamma == shape.num_nodes and prepared.spec.vocab_size == 8
+  state = loop.prefill(Model(target, tp), dp, prepared)
+  step = jax.jit(lambda s: tree_step_fn(tp, dp, s, target_config=target, draft=prepared.draft,
+                                        spec=prepared.spec))
   before = state
   for _ in range(steps):
     before, state = state, step(state)
@@ -144,7 +146,7 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
   out = _prefill(target, tp, tokens, hidden_layers=layers)
   caches = [(state.target_cache, out[1])]
   if kind == "model":
-    caches.append((state.draft_cache, _prefill(draft, dp, tokens)[1]))
+    caches.append((state.draft_state, _prefill(draft, dp, tokens)[1]))
   valid = np.arange(width)[None, :] < np.asarray(state.num_tokens - 1)[:, None]  # [B,W]
   for cache, fresh in caches:
     np.testing.assert_array_equal(np.asarray(cache["length"]), np.asarray(state.num_tokens - 1))
@@ -154,9 +156,9 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
       np.testing.assert_allclose(got, want, atol=1e-5)
   if kind == "feature":
     feats, old = np.asarray(out[2]), np.asarray(before.num_tokens - 1)
-    np.testing.assert_array_equal(np.asarray(state.draft_cache["length"]), old + 1)
+    np.testing.assert_array_equal(np.asarray(state.draft_state.cache["length"]), old + 1)
     for b in range(len(PROMPTS)):
-      np.testing.assert_allclose(np.asarray(state.features[b, :emitted[b]]),
+      np.testing.assert_allclose(np.asarray(state.draft_state.features[b, :emitted[b]]),
                                  feats[b, old[b]:old[b] + emitted[b]], atol=1e-5)
 
 
@@ -208,11 +210,11 @@ def tree_law_pvalue(pair, branching, rule, seed, control: bool = False) -> float
   sampling = SamplingConfig(temperature=1.0)
   exact = exact_sequence_probs(target, tp, sampling)
   np.testing.assert_allclose(exact.sum(), 1.0, atol=1e-5)
-  out = speculative_generate(tp, dp, [LAW_PROMPT] * ROWS, target_config=target,
-                             draft_config=draft, gamma=1, max_new_tokens=NEW,
-                             sampling=sampling, seed=seed,
-                             tree=branching if isinstance(branching, TreeShape)
-                             else TreeShape.from_branching(branching), tree_rule=rule)
+  shape = (branching if isinstance(branching, TreeShape)
+           else TreeShape.from_branching(branching))
+  out = speculative_generate(Model(target, tp), Model(draft, dp), [LAW_PROMPT] * ROWS,
+                             spec=DecodeSpec(NEW, TreeProposal(shape, rule), sampling=sampling),
+                             seed=seed)
   assert (out.lengths == NEW).all()
   if isinstance(draft, (NgramDraft, HybridDraft)):  # lookups exist in 3 + 3 tokens of 4 kinds
     assert (out.accepted > 0).any()
@@ -237,9 +239,9 @@ def test_tree_sequences_follow_target_distribution(law_pair, law_feature_pair, k
 def test_negative_control_without_residual_fails(law_pair, monkeypatch):
   """Keeping p after a rejection (no residual) must fail the same test: it has the power."""
   import functools
-  from specdec_jax.decoding import tree_decode
-  monkeypatch.setattr(tree_decode, "tree_verify", functools.partial(
-      tree_decode.tree_verify, residual_fn=lambda p, q: p))
+  from specdec_jax.decoding import tree_step
+  monkeypatch.setattr(tree_step, "tree_verify", functools.partial(
+      tree_step.tree_verify, residual_fn=lambda p, q: p))
   jax.clear_caches()  # the loop compiled by the exact test above would hide the patch
   try:
     assert tree_law_pvalue(law_pair, (2, 2), "sampled", 0, control=True) < SIGNIFICANCE
@@ -255,6 +257,7 @@ def test_tree_not_in_level_order_is_refused(model_pair):
 
 
 def test_tree_with_gamma_auto_is_refused(model_pair):
+  """A config's gamma 'auto' with a tree has no proposer (`make_proposer` refuses it)."""
   with pytest.raises(ValueError, match="gamma='auto'"):
     generate(model_pair, gamma="auto", tree=SHAPES[0])
 
@@ -266,16 +269,15 @@ def test_tree_with_gamma_auto_is_refused(model_pair):
 def test_lookup_tree_needs_topk_and_chains_below_the_root(model_pair, shape, rule, match):
   target, tp = model_pair[:2]
   with pytest.raises(ValueError, match=match):
-    speculative_generate(tp, None, PROMPTS, target_config=target, draft_config=NgramDraft(),
-                         gamma=1, max_new_tokens=4, tree=shape, tree_rule=rule)
+    speculative_generate(Model(target, tp), Model(NgramDraft(), None), PROMPTS,
+                         spec=DecodeSpec(4, TreeProposal(shape, rule)))
 
 
 def test_hybrid_tree_needs_topk(feature_pair):
   target, tp, draft, dp = feature_pair
   with pytest.raises(ValueError, match="needs tree_rule 'topk'"):
-    speculative_generate(tp, dp, PROMPTS, target_config=target,
-                         draft_config=HybridDraft(draft, 2, 2), gamma=1, max_new_tokens=4,
-                         tree=SHAPES[1], tree_rule="sampled")
+    speculative_generate(Model(target, tp), Model(HybridDraft(draft, 2, 2), dp), PROMPTS,
+                         spec=DecodeSpec(4, TreeProposal(SHAPES[1], "sampled")))
 
 
 def test_unknown_tree_rule_is_refused(model_pair):
@@ -283,19 +285,23 @@ def test_unknown_tree_rule_is_refused(model_pair):
     generate(model_pair, tree=SHAPES[0], tree_rule="greedy")
 
 
-@pytest.mark.parametrize("kind,rule", [("model", "sampled"), ("ngram", "topk")])
-def test_dynamic_tree_needs_topk_and_a_model_draft(model_pair, kind, rule):
+@pytest.mark.parametrize("kind,rule,match", [
+    ("model", "sampled", "needs tree_rule 'topk'"),
+    ("ngram", "topk", "needs a model draft's probabilities")])
+def test_dynamic_tree_needs_topk_and_a_model_draft(model_pair, kind, rule, match):
+  """Each draft kind checks its own trees (`Draft.check_tree`): a model draft refuses a
+  dynamic tree under rule 'sampled', a lookup any dynamic tree."""
   target, tp, draft, dp = model_pair
   draft, dp = (draft, dp) if kind == "model" else (NgramDraft(), None)
   shape = TreeShape.from_branching((3, 1, 1)).with_budget(4)  # a lookup draft's form
-  with pytest.raises(ValueError, match="dynamic tree .budget 4. needs tree_rule 'topk'"):
-    speculative_generate(tp, dp, PROMPTS, target_config=target, draft_config=draft,
-                         gamma=1, max_new_tokens=4, tree=shape, tree_rule=rule)
+  with pytest.raises(ValueError, match="dynamic tree .budget 4. " + match):
+    speculative_generate(Model(target, tp), Model(draft, dp), PROMPTS,
+                         spec=DecodeSpec(4, TreeProposal(shape, rule)))
 
 
 def test_select_nodes_takes_the_likeliest_and_their_ancestors():
   """Largest log path probability first; a tie goes to the lower index (a parent)."""
-  from specdec_jax.decoding.tree_decode import select_nodes
+  from specdec_jax.drafts.tree_drafting import select_nodes
   shape = TreeShape.from_branching((2, 2)).with_budget(3)  # nodes 2, 3 below 0
   scores = jnp.array([[-0.1, -2.0, -0.1, -0.5, -3.0, -3.0],
                       [-1.0, -0.2, -5.0, -6.0, -0.9, -0.3]])

@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.bench import timing
-from specdec_jax.bench.timing import interleaved_seconds  # noqa: F401  (machine_costs)
 from specdec_jax.gamma import adaptive
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
@@ -36,10 +35,8 @@ PROMPT_BUCKET = 32
 
 
 def expected_tokens_per_step(alpha: float, gamma: int) -> float:
-  """(1 - α^(γ+1)) / (1 - α); γ + 1 at α = 1."""
-  if alpha >= 1.0:
-    return float(gamma + 1)
-  return float((1.0 - alpha ** (gamma + 1)) / (1.0 - alpha))
+  """E(α, γ) = (1 - α^(γ+1)) / (1 - α) (`adaptive.expected_tokens`); γ + 1 at α = 1."""
+  return float(adaptive.expected_tokens(float(alpha), gamma)[gamma])
 
 
 def expected_tokens_total(alpha: float, histogram: dict[int, int]) -> float:

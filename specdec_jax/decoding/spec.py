@@ -31,7 +31,7 @@ import numpy as np
 from specdec_jax.drafts.base import Draft
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, CostTable
-from specdec_jax.models.model import ModelConfig
+from specdec_jax.models.model import ModelConfig, check_params
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.verification.tree_shapes import TreeShape
 from specdec_jax.verification.verify import block_verify, verify
@@ -254,17 +254,6 @@ class Prepared(NamedTuple):
   pad_id: int
 
 
-def check_params(params, config: ModelConfig) -> None:
-  """Raises ValueError unless params is a dict whose embedding fits the target config."""
-  if not isinstance(params, dict):
-    raise ValueError(f"target params must be a dict pytree, got {type(params).__name__}")
-  embed = params.get("embed")
-  if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
-    got = None if embed is None else embed.shape
-    raise ValueError(f"target params do not match its config: embed is {got}, expected "
-                     f"{(config.vocab_size, config.embed_dim)}")
-
-
 def prepare(target, draft, prompts, spec: DecodeSpec, *, seed=0, row_ids=None, pad_id: int = 0,
             prompt_width: int | None = None, check_weights: bool = True) -> Prepared:
   """Checks every argument of a generate call and raises ValueError naming the offending
@@ -275,7 +264,7 @@ def prepare(target, draft, prompts, spec: DecodeSpec, *, seed=0, row_ids=None, p
   target_config = target.config
   drafter = None if draft is None else as_draft(draft.config)
   if check_weights:
-    check_params(target.params, target_config)
+    check_params(target.params, target_config, "target")
     if drafter is not None:
       drafter.check(draft.params, target_config)
   proposer = spec.proposer

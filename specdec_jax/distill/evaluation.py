@@ -34,7 +34,7 @@ def _eval_chunk(draft_params, target_params, windows, weights, *, draft_config, 
   inputs, labels = windows[:, :-1], windows[:, 1:]
   w = jnp.broadcast_to(weights[:, None], inputs.shape)
   target = None
-  if draft_config.kind == "feature":  # the draft reads the target's features: one forward
+  if draft_config.reads_target_features:  # the draft reads the target's features: one forward
     b, t = inputs.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     target, _, features = forward(target_params, inputs, positions,
@@ -93,13 +93,13 @@ def evaluate(draft_params, target_params, windows, *, draft_config: ModelConfig,
   """
   if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
     raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-  if depth > 1 and draft_config.kind != "feature":
+  if depth > 1 and not draft_config.reads_target_features:
     raise ValueError(f"depth={depth} > 1 is measured for feature drafts only")
   windows = np.asarray(windows, np.int32)
   if windows.ndim != 2 or windows.shape[1] < 2:
     raise ValueError(f"windows must be int [N,T+1] with T >= 1, got shape {windows.shape}")
   if target_params is None:
-    if draft_config.kind == "feature":
+    if draft_config.reads_target_features:
       raise ValueError("a feature draft is evaluated with its target (target_params)")
     vocab = draft_config.vocab_size if vocab_size is None else vocab_size
   else:

@@ -108,7 +108,7 @@ def build_feature_cache(directory: str | os.PathLike, windows: np.ndarray, *, ta
                         temperature: float, greedy_temperature: float, identity: dict[str, Any],
                         chunk: int = 8, log: Callable[[str], None] = print) -> FeatureCache:
   """Computes (or resumes, or reuses) the cache of windows int32 [N,T] under directory."""
-  if draft_config.kind != "feature":
+  if not draft_config.reads_target_features:
     raise ValueError("a feature cache is for feature drafts (draft feature_layers)")
   directory = pathlib.Path(directory)
   directory.mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,7 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
                  D, F, N, K, H, and k <= target layers).
   'saved:<dir>'  a `save_params` directory (its config must equal draft_config).
 
-  A feature draft (`draft_config.kind == 'feature'`) has no embedding of its own; 'copy'
+  A feature draft (`draft_config.reads_target_features`) has no embedding of its own; 'copy'
   gives it the target's *last* k blocks (they map late residual streams, which is what it
   reads), final norm and head, with `fuse` and `in_proj` random; 'svd' is not defined.
   """
@@ -107,7 +107,7 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
     raise ValueError(f"draft vocab {draft_config.vocab_size} != target vocab "
                      f"{target_config.vocab_size}")
   dt = draft_config.jnp_dtype
-  if draft_config.kind == "feature" and method == "svd":
+  if draft_config.reads_target_features and method == "svd":
     raise ValueError("draft init 'svd' is for independent drafts; a feature draft takes "
                      "'random', 'copy' or 'saved:<dir>'")
   if method == "svd":
@@ -132,7 +132,7 @@ def init_draft_params(draft_config: ModelConfig, key: Array, *, method: str = "r
     k = draft_config.num_layers
     if k > target_config.num_layers:
       raise ValueError(f"draft has {k} layers, the target only {target_config.num_layers}")
-    if draft_config.kind == "feature":
+    if draft_config.reads_target_features:
       first = target_config.num_layers - k
       params = dict(params, final_norm=target_params["final_norm"],
                     layers=jax.tree.map(lambda x: x[first:], target_params["layers"]))

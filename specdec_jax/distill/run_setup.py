@@ -184,10 +184,10 @@ def setup_distillation(config) -> DistillSetup:
       vocab_size=getattr(tokenizer, "vocab_size", None), unroll=int(config.get("unroll", 1)))
   draft_config = draft_config_from(config, target_config, mixture,
                                    always=_special_ids(tokenizer))
-  if draft_config.kind == "feature" and config.on_policy_fraction > 0:
+  if draft_config.reads_target_features and config.on_policy_fraction > 0:
     raise ValueError(f"a feature draft trains teacher-forced on cached target outputs; set "
                      f"on_policy_fraction=0, got {config.on_policy_fraction}")
-  if draft_config.kind == "feature" and jax.process_count() > 1:
+  if draft_config.reads_target_features and jax.process_count() > 1:
     raise ValueError("a feature draft's target-output cache is written by one process: "
                      f"run with one process (got {jax.process_count()}); a mesh is fine")
   eval_sets = mixture.heldout_windows(config.eval_windows, config.seq_len,

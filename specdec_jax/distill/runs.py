@@ -223,7 +223,7 @@ def run_distillation(config, workdir: str | os.PathLike, *, log=None) -> dict:
       step=int(state.step), command=command_line(), git_commit=commit_id, git_dirty=dirty)]
 
   cache_seconds = 0.0
-  if draft_config.kind == "feature":
+  if draft_config.reads_target_features:
     clock = time.perf_counter()
     cache = build_feature_cache(
         workdir / "feature_cache",

@@ -165,7 +165,7 @@ def loss_fn(draft_params, target, batch: Mapping[str, Array], *, draft_config: M
   holds 'loss', 'alpha' (mean Σ min(p,q) at the decode temperature), 'top1' (argmax
   agreement) and every divergence of `LOSSES` (the training versions).
   """
-  if draft_config.kind == "feature":
+  if draft_config.reads_target_features:
     raise ValueError("a feature draft trains with feature_loss_fn on the target's features, "
                      "not loss_fn")
   tokens = batch["tokens"]

@@ -28,6 +28,7 @@ a config name for it (tests/test_custom_draft.py does exactly that, outside the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_jax.gamma.adaptive import DRAFT, LOOKUP  # noqa: F401 (re-exported)
+from specdec_jax.models.model import ModelConfig
 from specdec_jax.models.sampling import sample
 from specdec_jax.verification.tree_shapes import TreeShape
 
@@ -191,6 +193,26 @@ class Draft:
     """The draft state after a tree step: path int32 [B,D] the accepted nodes (-1 past n),
     call_path their positions in the target call (-1 past n), target_features [B,N'+1,F]."""
     return draft_state
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDraft(Draft):
+  """A draft that runs a model of its own, `config` (its vocabulary, cache and the model
+  the cost coefficient times)."""
+
+  config: ModelConfig
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def max_seq_len(self) -> int:
+    return self.config.max_seq_len
+
+  @property
+  def model_config(self) -> ModelConfig:
+    return self.config
 
 
 class TreeChildren(NamedTuple):

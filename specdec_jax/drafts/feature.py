@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import tree_drafting
-from specdec_jax.drafts.base import Draft, sample_rows, with_length
+from specdec_jax.drafts.base import ModelDraft, sample_rows, with_length
 from specdec_jax.models.model import ModelConfig, forward
 
 Array = jax.Array
@@ -51,27 +51,13 @@ class FeatureState:
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureDraft(Draft):
+class FeatureDraft(ModelDraft):
   """An EAGLE-3 style draft over a target's fused hidden states (`ModelConfig.feature_layers`)."""
-
-  config: ModelConfig
 
   def __post_init__(self):
     if not isinstance(self.config, ModelConfig) or not self.config.feature_layers:
       raise ValueError(f"a feature draft needs a ModelConfig with feature_layers, got "
                        f"{self.config!r}")
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def max_seq_len(self) -> int:
-    return self.config.max_seq_len
-
-  @property
-  def model_config(self) -> ModelConfig:
-    return self.config
 
   @property
   def target_layers(self) -> tuple[int, ...]:

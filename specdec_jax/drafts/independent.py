@@ -19,37 +19,23 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import tree_drafting
-from specdec_jax.drafts.base import Draft, pending_tokens, sample_rows, with_length
-from specdec_jax.models.model import ModelConfig, forward
+from specdec_jax.drafts.base import ModelDraft, pending_tokens, sample_rows, with_length
+from specdec_jax.models.model import ModelConfig, check_params, forward
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class IndependentDraft(Draft):
+class IndependentDraft(ModelDraft):
   """A draft model of its own (config name: any model draft, e.g. 'saved:<dir>')."""
-
-  config: ModelConfig
 
   def __post_init__(self):
     if not isinstance(self.config, ModelConfig) or self.config.feature_layers:
       raise ValueError(f"an independent draft needs a ModelConfig without feature_layers, "
                        f"got {self.config!r}")
 
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def max_seq_len(self) -> int:
-    return self.config.max_seq_len
-
-  @property
-  def model_config(self) -> ModelConfig:
-    return self.config
-
   def check(self, params, target_config) -> None:
-    check_embed(params, self.config, "draft")
+    check_params(params, self.config, "draft")
 
   def check_tree(self, shape, rule, vocab_size) -> None:
     tree_drafting.check_model_tree(shape, rule, vocab_size)
@@ -100,13 +86,3 @@ class IndependentDraft(Draft):
   def advance_tree(self, draft_state, *, length, new_length, path, call_path, target_features):
     return with_length(tree_drafting.compact_path(draft_state, length, path), new_length)
 
-
-def check_embed(params, config: ModelConfig, name: str) -> None:
-  """Raises ValueError unless params is a dict whose embedding fits config."""
-  if not isinstance(params, dict):
-    raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
-  embed = params.get("embed")
-  if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
-    got = None if embed is None else embed.shape
-    raise ValueError(f"{name} params do not match its config: embed is {got}, expected "
-                     f"{(config.vocab_size, config.embed_dim)}")

@@ -141,12 +141,21 @@ class CostTable:
 
   def predicted_speedup(self, alpha: float, gamma: int) -> float:
     """E(α, γ) / s(γ): tokens per plain step's time when every step proposes γ."""
-    return float(sum(alpha ** j for j in range(gamma + 1)) / self.as_array(gamma)[gamma])
+    return float(expected_tokens(alpha, gamma)[gamma] / self.as_array(gamma)[gamma])
 
   def drafting_pays(self, gamma_max: int | None = None, alpha: float = PAYS_AT_ALPHA) -> bool:
     """True when some γ >= 1 beats a plain step (cost 1, one token) at acceptance `alpha`."""
     g = self.max_gamma if gamma_max is None else gamma_max
     return any(self.predicted_speedup(alpha, k) > 1.0 for k in range(1, g + 1))
+
+
+def expected_tokens(alpha, gamma_max: int):
+  """E(α, γ) = Σ_{j=0..γ} α^j, the expected tokens of a step proposing γ drafts at
+  acceptance α (Leviathan et al. 2023, §3), for γ = 0..G: [..., G+1] over alpha [...]
+  (jnp for a jax array, else numpy float64)."""
+  xp = jnp if isinstance(alpha, jax.Array) else np
+  alpha = xp.asarray(alpha)
+  return xp.cumsum(alpha[..., None] ** xp.arange(gamma_max + 1), axis=-1)
 
 
 def choose_gamma(alpha: Array, costs: Array) -> Array:
@@ -155,8 +164,7 @@ def choose_gamma(alpha: Array, costs: Array) -> Array:
   alpha float [B] (α̂); costs float32 [G+1] = s(0..G) (`CostTable.as_array`), or [B,G+1]
   (each row's own).
   """
-  g = jnp.arange(costs.shape[-1])
-  expected = jnp.cumsum(alpha[:, None] ** g[None, :], axis=1)  # Σ_{j<=γ} α^j  [B,G+1]
+  expected = expected_tokens(jnp.asarray(alpha), costs.shape[-1] - 1)  # [B,G+1]
   return jnp.argmax(expected / jnp.atleast_2d(costs), axis=1).astype(jnp.int32)
 
 

@@ -135,9 +135,15 @@ class ModelConfig:
                          f"{tokens[-1]}")
 
   @property
+  def reads_target_features(self) -> bool:
+    """True for a feature draft's architecture: it fuses the target's hidden states
+    (`feature_layers`) and reads the target's embedding instead of owning one."""
+    return bool(self.feature_layers)
+
+  @property
   def kind(self) -> str:
-    """'feature' (reads the target's hidden states) or 'model' (an independent model)."""
-    return "feature" if self.feature_layers else "model"
+    """'feature' or 'model': the architecture's name in records (model.json, reports)."""
+    return "feature" if self.reads_target_features else "model"
 
   @property
   def head_size(self) -> int:
@@ -433,6 +439,18 @@ def forward(params, tokens: Array, positions: Array, cache: Cache, *,
   return logits, cache
 
 
+def check_params(params, config: ModelConfig, name: str) -> None:
+  """Raises ValueError unless params is a dict whose embedding fits config (name: 'target'
+  or 'draft', for the message)."""
+  if not isinstance(params, dict):
+    raise ValueError(f"{name} params must be a dict pytree, got {type(params).__name__}")
+  embed = params.get("embed")
+  if embed is None or embed.shape != (config.vocab_size, config.embed_dim):
+    got = None if embed is None else embed.shape
+    raise ValueError(f"{name} params do not match its config: embed is {got}, expected "
+                     f"{(config.vocab_size, config.embed_dim)}")
+
+
 def param_count(params) -> int:
   return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
 
@@ -452,7 +470,7 @@ def unrolled_feature_logits(params, tokens: Array, target_features: Array, *,
   The passes share one cache of K*T slots (pass k writes slots (k-1)T .. kT-1).
   full_vocab: see `forward` (False: a subset head's own C columns).
   """
-  if config.kind != "feature":
+  if not config.reads_target_features:
     raise ValueError("unrolled_feature_logits needs a feature draft (config.feature_layers)")
   b, t = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
