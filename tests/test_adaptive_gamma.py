@@ -376,6 +376,17 @@ def test_bad_step_costs_raise(steps, match):
     CostTable(c=0.1, verify_costs=(1.0, 1.2), step_costs=steps)
 
 
+def test_measure_steps_of_a_lookup_after_a_one_token_prompt(greedy_pairs):
+  """A prompt lookup's steps are timed on a text long enough to match, whatever the run's
+  prompt: a one-token context (nothing earlier to match) used to stop the table with
+  'a row proposed another count'."""
+  target, tp = greedy_pairs["model"][:2]
+  table = machine_costs.measure_steps(Model(target, tp), Model(NgramDraft(2), None),
+                                      gamma_max=2, batch=1, sampling=GREEDY, context=1,
+                                      max_new_tokens=8, repeats=1)
+  assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
+
+
 def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   """On a tiny pair: s(0..G) finite and positive, one per width, stored and reloaded
   with the table (timings of a tiny model say nothing of a real one: no values checked).

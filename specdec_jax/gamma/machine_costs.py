@@ -55,6 +55,11 @@ from specdec_jax.io.atomic import atomic_write_json
 # Context (cached tokens) steps are timed at when no run gives its prompt width: a short
 # prompt plus half a generation.
 MEASURE_CONTEXT = 96
+# The shortest context a lookup source's steps are timed at: a text that repeats with
+# period min(16, context // 2), so trailing matches of up to 15 tokens exist from the first
+# step. A run's shorter prompt (a one-token prompt has nothing earlier to match) times every
+# step at this context instead, a program of its own.
+LOOKUP_CONTEXT = 32
 
 
 def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT,
@@ -131,6 +136,8 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, prepare, resolve_vocab
 
   drafter = as_draft(draft.config)
+  if "lookup" in drafter.cost_sources:
+    context = max(context, LOOKUP_CONTEXT)
   placeholder = CostTable(c=None, verify_costs=None, step_costs=(1.0,) * (gamma_max + 1))
   vocab = resolve_vocab(target.config, drafter, None)
   distinct = (np.arange(batch * context, dtype=np.int64).reshape(batch, context) * 7919) % vocab
