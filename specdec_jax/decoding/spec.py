@@ -255,18 +255,18 @@ class Prepared(NamedTuple):
 
 
 def prepare(target, draft, prompts, spec: DecodeSpec, *, seed=0, row_ids=None, pad_id: int = 0,
-            prompt_width: int | None = None, check_weights: bool = True) -> Prepared:
+            prompt_width: int | None = None) -> Prepared:
   """Checks every argument of a generate call and raises ValueError naming the offending
   one. target: a `Model`; draft: a `Model` whose config is a Draft (or a model draft's
-  ModelConfig), or None (autoregressive). check_weights: check params against configs."""
+  ModelConfig), or None (autoregressive); both models' params are checked against
+  their configs."""
   if not isinstance(spec, DecodeSpec):
     raise ValueError(f"spec must be a DecodeSpec, got {type(spec).__name__}")
   target_config = target.config
   drafter = None if draft is None else as_draft(draft.config)
-  if check_weights:
-    check_params(target.params, target_config, "target")
-    if drafter is not None:
-      drafter.check(draft.params, target_config)
+  check_params(target.params, target_config, "target")
+  if drafter is not None:
+    drafter.check(draft.params, target_config)
   proposer = spec.proposer
   if (drafter is None) != (proposer is None):
     raise ValueError("a draft needs a proposer (FixedGamma, AutoGamma or TreeProposal) and "

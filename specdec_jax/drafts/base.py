@@ -245,7 +245,10 @@ def tree_levels(shape: TreeShape) -> tuple:
 
 
 def check_levels(shape: TreeShape) -> None:
-  """Raises ValueError unless the nodes are numbered level by level."""
+  """Raises ValueError unless shape is a TreeShape whose nodes are numbered level by level
+  (every draft's tree is drafted one depth at a time)."""
+  if not isinstance(shape, TreeShape):
+    raise ValueError(f"tree must be a TreeShape (tree_shapes), got {type(shape).__name__}")
   if any(b < a for a, b in zip(shape.depths, shape.depths[1:])):
     raise ValueError(f"tree nodes must be numbered level by level (depths non-decreasing), "
                      f"got depths {shape.depths} for parents {shape.parents}")

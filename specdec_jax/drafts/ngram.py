@@ -99,8 +99,6 @@ def lookup_tree_ranks(shape: TreeShape) -> np.ndarray | None:
 
 def check_lookup_tree(shape, rule: str) -> None:
   """Raises ValueError naming the value if a lookup cannot propose this tree."""
-  if not isinstance(shape, TreeShape):
-    raise ValueError(f"tree must be a TreeShape (tree_shapes), got {type(shape).__name__}")
   check_levels(shape)
   if rule != "topk":
     raise ValueError(f"a lookup draft's tree needs tree_rule 'topk' (its candidates are a "

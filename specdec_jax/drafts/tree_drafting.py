@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.drafts.base import TreeChildren, tree_children, tree_levels, with_length
+from specdec_jax.drafts.base import (TreeChildren, check_levels, tree_children, tree_levels,
+                                     with_length)
 from specdec_jax.verification.tree_shapes import TreeShape
 from specdec_jax.verification.tree_verify import TREE_VERIFIERS
 
@@ -37,11 +38,7 @@ SELECTION_TEMPERATURE = 0.5
 
 def check_model_tree(shape, rule: str, vocab_size: int) -> None:
   """Raises ValueError naming the value if a model draft cannot draft this tree."""
-  if not isinstance(shape, TreeShape):
-    raise ValueError(f"tree must be a TreeShape (tree_shapes), got {type(shape).__name__}")
-  if any(b < a for a, b in zip(shape.depths, shape.depths[1:])):
-    raise ValueError(f"tree nodes must be numbered level by level (depths non-decreasing), "
-                     f"got depths {shape.depths} for parents {shape.parents}")
+  check_levels(shape)
   if rule not in TREE_VERIFIERS:
     raise ValueError(f"tree_rule must be one of {sorted(TREE_VERIFIERS)}, got {rule!r}")
   if shape.budget is not None and rule != "topk":
