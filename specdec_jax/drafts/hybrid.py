@@ -64,15 +64,23 @@ class HybridDraft(Draft):
   @classmethod
   def from_name(cls, name: str, inner) -> "HybridDraft":
     """'hybrid:<n>' -> HybridDraft(inner, min_n=n, max_n=n)."""
+    n = cls.parse_n(name)
+    return cls(inner, n, n)
+
+  @staticmethod
+  def parse_n(name: str) -> int:
+    """'hybrid:<n>' -> n >= 1; ValueError naming the name otherwise."""
     kind, _, n = name.partition(":")
     try:
       if kind != "hybrid":
         raise ValueError
       n = int(n)
+      if n < 1:
+        raise ValueError
     except ValueError:
       raise ValueError(f"hybrid draft name must be 'hybrid:<n>' with n >= 1, got "
                        f"{name!r}") from None
-    return cls(inner, n, n)
+    return n
 
   vocab_size = property(lambda self: self.inner.vocab_size)
   max_seq_len = property(lambda self: self.inner.max_seq_len)

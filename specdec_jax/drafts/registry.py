@@ -23,14 +23,20 @@ from specdec_jax.models.model import ModelConfig
 
 Factory = Callable[[str, "Draft | None"], Draft]
 _KINDS: dict[str, tuple[Factory, bool]] = {}
+_CHECKS: dict[str, Callable[[str], object]] = {}
 
 
-def register(kind: str, factory: Factory, *, wraps: bool = False) -> None:
+def register(kind: str, factory: Factory, *, wraps: bool = False,
+             check: Callable[[str], object] | None = None) -> None:
   """Makes '<kind>[:<argument>]' build factory(argument, inner); wraps: the kind needs an
-  inner draft (`needs_inner`)."""
+  inner draft (`needs_inner`). check(argument) raises ValueError for a bad argument
+  without building anything (`check_name`; default: factory(argument, None) for a kind
+  that wraps nothing)."""
   if not kind.isidentifier():
     raise ValueError(f"a draft kind's name must be an identifier, got {kind!r}")
   _KINDS[kind] = (factory, wraps)
+  if check is not None:
+    _CHECKS[kind] = check
 
 
 def kinds() -> list[str]:
@@ -62,6 +68,19 @@ def make(name: str, inner: Draft | None = None) -> Draft:
   return factory(argument, inner) if wraps else factory(argument, None)
 
 
+def check_name(name: str) -> None:
+  """Raises ValueError for an unknown kind or a bad argument in '<kind>[:<argument>]'
+  (before any model is loaded)."""
+  kind, _, argument = name.partition(":")
+  if kind not in _KINDS:
+    raise ValueError(f"unknown draft kind {kind!r} in {name!r}; registered: {kinds()}")
+  factory, wraps = _KINDS[kind]
+  if kind in _CHECKS:
+    _CHECKS[kind](argument)
+  elif not wraps:
+    factory(argument, None)
+
+
 def from_model_config(config: ModelConfig) -> Draft:
   """A model draft's ModelConfig -> its Draft: a FeatureDraft when it fuses target
   features (`feature_layers`), else an IndependentDraft."""
@@ -80,4 +99,4 @@ def as_draft(draft) -> Draft | None:
 
 register("ngram", lambda argument, inner: NgramDraft.from_name(f"ngram:{argument}"))
 register("hybrid", lambda argument, inner: HybridDraft.from_name(f"hybrid:{argument}", inner),
-         wraps=True)
+         wraps=True, check=lambda argument: HybridDraft.parse_n(f"hybrid:{argument}"))
