@@ -68,6 +68,10 @@ def get_config() -> ml_collections.ConfigDict:
   # the feature draft's own steps rarely choose more than 3 (its step costs rise faster:
   # docs/results.md#gamma-rules).
   c.gamma_max = 6
+  # gamma 'auto' with a pinned cost table: a cached table of runs/costs/ or the result file
+  # of an earlier gamma 'auto' run (it records its table); the same γ choices, and so the
+  # same tokens for the same seed, on any machine. '' = this machine's measured table.
+  c.costs = ""
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   # A token tree per step (specdec_jax.decoding.tree_step; any draft, a fixed
   # gamma): branching per depth, e.g. '2,2,1' (TreeShape.from_branching); '' = a chain.

@@ -1,6 +1,18 @@
 """Puts the repository root on sys.path so `python scripts/<name>.py` works from anywhere,
-and `run(main)`: absl's app.run where bad user input exits with one line and status 2."""
+and `run(main)`: absl's app.run where bad user input exits with one line and status 2.
 
+A script that takes --config declares the config fields it reads, as literals:
+
+  CONFIG_FAMILY = "run"                       # specdec_jax.config_fields.FAMILIES
+  CONFIG_READS = ("tokenizer", "target", ...)
+
+and `run(main)` checks the command line and the config against them before main runs
+(`check_config_args`): nothing is loaded or compiled before a bad field is refused.
+"""
+
+import ast
+import functools
+import glob
 import os
 import sys
 
@@ -8,6 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
+# where gamma 'auto' caches this machine's measured cost tables (tests point it elsewhere)
+COSTS_DIR = os.environ.get("SPECDEC_COSTS_DIR") or os.path.join(ROOT, "runs", "costs")
 USAGE_ERROR = 2  # the exit status of a run stopped by bad input (as argparse uses)
 _OWN_CODE = tuple(os.path.join(ROOT, d) + os.sep
                   for d in ("specdec_jax", "scripts", "configs", "tools"))
@@ -56,24 +70,147 @@ def check_path_flags(argv: list[str]) -> str | None:
   return None
 
 
+@functools.cache
+def declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
+  """{script file name: (CONFIG_FAMILY, CONFIG_READS)} of every script in scripts/ that
+  declares them (read from the source, nothing imported)."""
+  out = {}
+  for path in sorted(glob.glob(os.path.join(ROOT, "scripts", "*.py"))):
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    found = {}
+    for node in tree.body:
+      if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+          isinstance(node.targets[0], ast.Name) and \
+          node.targets[0].id in ("CONFIG_FAMILY", "CONFIG_READS"):
+        found[node.targets[0].id] = ast.literal_eval(node.value)
+    if found:
+      out[os.path.basename(path)] = (found["CONFIG_FAMILY"], tuple(found["CONFIG_READS"]))
+  return out
+
+
+def readers(family: str, field: str) -> list[str]:
+  """The scripts of `family` that read config.<field>."""
+  return [name for name, (fam, reads) in declarations().items()
+          if fam == family and field in reads]
+
+
+def given_fields(argv: list[str], flag: str = "config") -> list[str]:
+  """The top-level config fields set on the command line (`--config.a.b=v` -> 'a')."""
+  out = []
+  for arg in argv:
+    if arg.startswith(f"--{flag}."):
+      name = arg[len(flag) + 3:].split("=", 1)[0].split(".", 1)[0]
+      if name not in out:
+        out.append(name)
+  return out
+
+
+def load_config_args(argv: list[str], flag: str = "config"):
+  """The config of argv's --<flag> file with its --<flag>.* overrides, parsed by
+  ml_collections on a private flag set (one line for a value of the wrong type)."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  mine = [a for a in argv if a.startswith((f"--{flag}=", f"--{flag}."))]
+  if not any(a.startswith(f"--{flag}=") for a in mine):
+    return None
+  mine = [sys.argv[0] if sys.argv else "script", *mine]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file(flag, None, "", flag_values=values, lock_config=True,
+                                  sys_argv=mine)  # it finds the overrides' names there
+  try:
+    values(mine)
+  except flags.Error as exc:
+    message = str(exc).splitlines()[0]
+    raise ValueError(message.replace(f"flag --{flag}.", f"--{flag}.")) from None
+  except (AttributeError, KeyError) as exc:  # a field the config file lacks
+    path = next(a for a in mine if a.startswith(f"--{flag}=")).split("=", 1)[1]
+    raise ValueError(f"--{flag}: {path} has no field {str(exc).strip(chr(34))} to set "
+                     f"(the script's default applies; add the field to the file to change "
+                     f"it)") from None
+  return values[flag].value
+
+
+def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
+  """Raises ValueError (one line) when argv's config breaks `script`'s declaration
+  (`specdec_jax.config_fields.check_config`): unknown or unread fields given, bad
+  values, fields given that the run would not use."""
+  from specdec_jax import config_fields
+
+  given = given_fields(argv)
+  fields = config_fields.FAMILIES[family]
+  for name in given:  # before parsing: a typo is named as such, not as a parse failure
+    if name not in fields:
+      raise ValueError(f"unknown config field {name!r}: no {family} script reads it")
+    if name not in reads:
+      who = readers(family, name)
+      raise ValueError(f"{script} does not read config.{name}"
+                       + (f"; scripts that do: {', '.join(who)}" if who else ""))
+  config = load_config_args(argv)
+  if config is None:
+    return
+  config_fields.check_config(config, family=family, reads=reads, given=given, script=script,
+                             readers=lambda name: readers(family, name))
+
+
+def restrict(config, reads) -> None:
+  """Removes the fields `reads` leaves out from a ConfigDict in place: a script reads only
+  what it declared (reading anything else is an AttributeError, a bug to fix)."""
+  with config.unlocked():
+    for name in list(config.keys()):
+      if name not in reads:
+        del config[name]
+
+
+def one_line(message: str) -> str:
+  """A message on one line (a value's repr may span several)."""
+  return " ".join(message.split())
+
+
+def _flags_parser(argv):
+  """absl's flag parsing, with a bad flag reported as one line and exit 2."""
+  from absl import flags
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as exc:
+    print(f"error: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+    sys.exit(USAGE_ERROR)
+
+
 def run(main):
   """app.run(main); a user error prints `error: <message>` to stderr and exits 2.
 
   Before absl parses the flags, a missing --config file or an unwritable --workdir / --out
-  directory is reported the same way (`check_path_flags`).
+  directory is reported the same way (`check_path_flags`), and so is a config that
+  breaks the script's CONFIG_FAMILY / CONFIG_READS declaration (`check_config_args`).
+  The config main sees holds the declared fields only (`restrict`).
   """
-  from absl import app
+  from absl import app, flags
 
-  if problem := check_path_flags(sys.argv[1:]):
-    print(f"error: {problem}", file=sys.stderr, flush=True)
+  declared = getattr(sys.modules["__main__"], "CONFIG_READS", None)
+  family = getattr(sys.modules["__main__"], "CONFIG_FAMILY", None)
+  script = os.path.basename(sys.argv[0]) if sys.argv else "script"
+  try:
+    problem = check_path_flags(sys.argv[1:])
+    if problem is None and declared is not None:
+      check_config_args(sys.argv[1:], script, family, declared)
+  except ValueError as exc:
+    if not is_user_error(exc):
+      raise
+    problem = str(exc)
+  if problem:
+    print(f"error: {one_line(problem)}", file=sys.stderr, flush=True)
     sys.exit(USAGE_ERROR)
 
   def checked(argv):
+    if declared is not None and "config" in flags.FLAGS and flags.FLAGS["config"].value:
+      restrict(flags.FLAGS["config"].value, declared)
     try:
       return main(argv)
     except (ValueError, FileNotFoundError) as exc:
       if not is_user_error(exc):
         raise
-      print(f"error: {exc}", file=sys.stderr, flush=True)
+      print(f"error: {one_line(str(exc))}", file=sys.stderr, flush=True)
       sys.exit(USAGE_ERROR)
-  app.run(checked)
+  app.run(checked, flags_parser=_flags_parser)

@@ -31,6 +31,7 @@ the geometric mean over prompts with the 95% Student-t interval of the mean log-
 
 import itertools
 import os
+import time
 
 import _bootstrap  # repository root on sys.path; run(main)
 import numpy as np
@@ -46,6 +47,13 @@ from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 from specdec_jax.verification.tree_shapes import parse_tree
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma", "gamma_max",
+    "costs", "verifier", "tree", "tree_rule", "temperature", "top_k", "top_p",
+    "max_new_tokens", "batch_size", "seed", "repeats"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (default: "
                             "config.gamma)")
@@ -118,53 +126,94 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
   alpha = res["domains"][-1]["alpha"]  # the mean over all prompts
   histogram = merged_histogram(p["gamma_histogram"] for p in res["prompts"])
   print_histogram(gamma, histogram)
+  pred = (auto_predicted_speedup(alpha, histogram, auto["costs"]) if gamma == "auto"
+          else predicted_speedup(alpha, histogram, c, v))
   return dict(gamma=gamma, verifier=verifier, c=c,
               v=None if gamma == "auto" else v[gamma + 1], gamma_histogram=histogram,
-              predicted_speedup=predicted_speedup(alpha, histogram, c, v), **res)
+              predicted_speedup=pred, **res)
+
+
+class Phases:
+  """Wall seconds per phase of the run (printed at the end and written to the JSON)."""
+
+  def __init__(self):
+    self.seconds, self._t = {}, time.perf_counter()
+
+  def done(self, name: str) -> None:
+    now = time.perf_counter()
+    self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t
+    self._t = now
+
+  def line(self) -> str:
+    return "phases (wall s): " + "  ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
+
+
+def auto_predicted_speedup(alpha: float, histogram: dict, table) -> float:
+  """The prediction of a gamma 'auto' row from the cost table it chose by:
+  Σ_γ n_γ E(α, γ) / Σ_γ n_γ s(γ) (s of the draft's steps; lookup steps cost about the same)."""
+  s = table.as_array(max(histogram))
+  return studies.expected_tokens_total(alpha, histogram) / sum(
+      n * float(s[g]) for g, n in histogram.items())
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
+  phases = Phases()
   config = _CONFIG.value
   prompt_set = str(config.get("prompt_set", ""))
   records = prompt_sets.load_prompt_set(prompt_set) if prompt_set else None
+  gammas = [machine_costs.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
+  verifiers = list(_VERIFIERS.value or [config.verifier])
+  for name in verifiers:
+    resolve_verifier(name)  # a clear error for an unknown name, before any work
+  if "auto" in gammas and config.tree:
+    raise ValueError("config.tree needs a fixed gamma; drop 'auto' from --gammas")
   pair = load_pair(config)
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
-  gammas = [machine_costs.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
-  verifiers = list(_VERIFIERS.value or [pair.verifier])
-  for name in verifiers:
-    resolve_verifier(name)  # a clear error for an unknown name, before any work
   prompts = prompt_sets.encode(pair.tokenizer, records) if records else pair.prompts
   batch = 1 if records else len(prompts)  # a prompt set runs prompt by prompt
+  phases.done("load")
   auto = {}
   if "auto" in gammas:
-    gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-    table = machine_costs.table_for(pair, gamma_max=gamma_max, batch=batch,
-                                    directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+    gamma_max = int(config.gamma_max)
+    width = (max(studies.prompt_bucket(len(p)) for p in prompts) if records
+             else max(len(p) for p in prompts))
+    table = machine_costs.run_table(  # where measured, timed in the run's own loop
+        config, pair, gamma_max=gamma_max, batch=batch,
+        directory=_bootstrap.COSTS_DIR,
+        run=dict(context=width, max_new_tokens=int(config.max_new_tokens),
+                 eos_id=None))
     auto = dict(gamma_max=gamma_max, costs=table)
     print(f"gamma auto: gamma_max {gamma_max}, cost table {machine_costs.describe(table)}")
     if not table.drafting_pays(gamma_max):
       print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
             "steps here (generate and run decode autoregressively)")
+    phases.done("cost table")
   tree = parse_tree(config.get("tree", ""))
-  widest = max([g for g in gammas if g != "auto"] + [auto.get("gamma_max", 1)]
-               + ([tree.call_nodes] if tree is not None else []))
+  fixed = [g for g in gammas if g != "auto"]
+  # c and v(k) feed the predictions of fixed-γ and tree rows; gamma 'auto' rows are
+  # predicted from the cost table they chose by
+  widest = max(fixed + ([tree.call_nodes] if tree is not None else []), default=0)
   context = int(np.mean([len(p) for p in prompts])) + config.max_new_tokens // 2
-  c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
-                               pair.draft_config, batch=batch, context=context)
-  v = studies.verify_cost_curve(pair.target_params, pair.target_config, batch=batch,
-                                context=context, max_tokens=widest + 1)
-  target_ms = 1e3 * studies.call_seconds(pair.target_params, pair.target_config, batch=batch,
-                                         tokens=1, context=context)
+  c, v, target_ms = None, {}, None
+  if widest:
+    c = studies.cost_coefficient(pair.target_params, pair.target_config, pair.draft_params,
+                                 pair.draft_config, batch=batch, context=context)
+    v = studies.verify_cost_curve(pair.target_params, pair.target_config, batch=batch,
+                                  context=context, max_tokens=widest + 1)
+    target_ms = 1e3 * studies.call_seconds(pair.target_params, pair.target_config,
+                                           batch=batch, tokens=1, context=context)
+    phases.done("c and v(k)")
   print(f"target: {config.target}  draft: {config.draft}  batch {batch}  "
         f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
         f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}  "
         f"verifiers {','.join(verifiers)}"
         + (f"  prompt set {prompt_set} ({len(records)} prompts, batch 1)" if records else ""))
-  print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
-        + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
+  if widest:
+    print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
+          + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))
   rows = []
   header = ("gamma", "verifier", "AR tok/s", "SD tok/s", "speedup", "accept", "alpha", "tok/step",
             "pred tok/step", "pred speedup", "step compile s")
@@ -178,14 +227,17 @@ def main(argv):
     compile_s = step_compile_seconds(pair, config, spec)
     res = studies.side_by_side(pair.target, pair.draft, pair.prompts, spec=spec,
                                seed=config.seed, repeats=config.repeats)
-    pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
+    fixed_gamma = gamma != "auto"
     if tree is not None:  # measured tokens per call over (D draft calls + v(N+1))
       pred = res.tokens_per_step / (tree.max_depth * c + v[tree.call_nodes + 1])
-    fixed = gamma != "auto"
-    row = {**res.to_dict(), "verifier": verifier, "c": c, "v": v[gamma + 1] if fixed else None,
-           "predicted_speedup": pred,
-           "leviathan_speedup": (studies.predicted_speedup(res.alpha, gamma, c, 1.0) if fixed
-                                 else None),
+    elif fixed_gamma:
+      pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
+    else:
+      pred = auto_predicted_speedup(res.alpha, res.gamma_histogram, auto["costs"])
+    row = {**res.to_dict(), "verifier": verifier, "c": c,
+           "v": v[gamma + 1] if fixed_gamma else None, "predicted_speedup": pred,
+           "leviathan_speedup": (studies.predicted_speedup(res.alpha, gamma, c, 1.0)
+                                 if fixed_gamma else None),
            "step_compile_s": compile_s}
     rows.append(row)
     print(f"{gamma} | {verifier} | {res.ar_tokens_per_s:.1f} | {res.sd_tokens_per_s:.1f} | "
@@ -193,15 +245,14 @@ def main(argv):
           f"{res.tokens_per_step:.2f} | {res.predicted_tokens_per_step:.2f} | {pred:.2f}x | "
           f"{compile_s:.2f}")
     print_histogram(gamma, res.gamma_histogram)
+  phases.done("decode")
+  print(phases.line())
   if _OUT.value:
     meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
-                verify_cost={str(k): x for k, x in v.items()})
+                verify_cost={str(k): x for k, x in v.items()}, phases_s=phases.seconds)
     meta["prompt_set"] = prompt_set
-    if auto:  # the step costs gamma 'auto' chose from (runs/costs/)
-      table = auto["costs"]
-      meta["auto_cost_table"] = dict(
-          gamma_max=auto["gamma_max"], step_costs=list(table.step_costs or []),
-          lookup_step_costs=list(table.lookup_step_costs or []))
+    if auto:  # the table gamma 'auto' chose from: --config.costs=<this file> replays it
+      meta["auto_cost_table"] = dict(gamma_max=auto["gamma_max"], **auto["costs"].to_dict())
     atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
                       default=str)
 

@@ -36,6 +36,12 @@ from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "costs",
+    "verifier", "top_k", "top_p", "max_new_tokens", "seed"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/heldout_smollm2.py",
                                           "a configs/*.py file with a prompt_set",
                                           lock_config=True)
@@ -67,8 +73,8 @@ def main(argv):
   records = prompt_sets.load_prompt_set(config.prompt_set)
   pair = load_pair(config)
   gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-  table = machine_costs.table_for(pair, gamma_max=gamma_max, batch=1,
-                                  directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+  table = machine_costs.run_table(config, pair, gamma_max=gamma_max, batch=1,
+                                  directory=_bootstrap.COSTS_DIR)
   print(f"cost table: {machine_costs.describe(table)}")
   costs = table.loop_costs(gamma_max)
   prompts = prompt_sets.encode(pair.tokenizer, records)

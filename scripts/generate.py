@@ -35,6 +35,13 @@ from specdec_jax.decoding.parallel import mesh_generate
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, TreeProposal
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "costs", "verifier",
+    "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
+    "seed", "mesh", "distributed"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeatable); default: config")
 _JSON = flags.DEFINE_bool("json", False, "print one JSON object instead of text")
@@ -50,7 +57,7 @@ def main(argv):
   proposer = None
   if pair.draft_config is not None:  # None: drafting does not pay here (one line said so)
     proposer = machine_costs.config_proposer(
-        config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+        config, pair, directory=_bootstrap.COSTS_DIR)
     if proposer is None:
       pair.draft_config = None
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
@@ -91,10 +98,13 @@ def main(argv):
       text=rows[0]["text"], tokens=rows[0]["tokens"], rows=rows if len(rows) > 1 else None,
       mode="speculative" if speculative else "autoregressive",
       target=config.target, draft=config.draft if speculative else "none",
-      gamma=(("auto" if spec.adaptive else spec.gamma) if speculative else 0),
+      gamma=(("auto" if spec.adaptive else spec.gamma) if speculative and spec.tree is None
+             else 0),
       gamma_max=spec.gamma if spec.adaptive else None,
       tree=config.get("tree", "") if spec.tree is not None else None,
       gamma_histogram=(adaptive.gamma_histogram(out.gammas) if speculative else None),
+      # the table gamma 'auto' chose from: --config.costs=<this JSON> replays the run
+      cost_table=(proposer.costs.to_dict() if isinstance(proposer, AutoGamma) else None),
       temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p, seed=config.seed, mesh=config.get("mesh", ""),
       processes=jax.process_count(), devices=jax.device_count(),
@@ -114,8 +124,11 @@ def main(argv):
   if speculative:
     print(f"    acceptance rate {result['acceptance_rate']:.3f}, "
           f"tokens/step {result['tokens_per_step']:.2f}, alpha {result['alpha']:.3f}")
-    print(f"    gamma {result['gamma']}: steps per chosen gamma "
-          + " ".join(f"{g}:{n}" for g, n in result["gamma_histogram"].items()))
+    if result["tree"] is not None:
+      print(f"    tree {result['tree']} ({config.tree_rule} children)")
+    else:
+      print(f"    gamma {result['gamma']}: steps per chosen gamma "
+            + " ".join(f"{g}:{n}" for g, n in result["gamma_histogram"].items()))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,12 @@ from specdec_jax.decoding.parallel import mesh_generate
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "verifier", "temperature",
+    "top_k", "top_p", "max_new_tokens", "batch_size", "seed", "mesh", "distributed", "repeats"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 

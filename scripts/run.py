@@ -43,6 +43,13 @@ from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.models.sampling import SamplingConfig
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "costs", "verifier",
+    "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
+    "seed", "repeats"
+)
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(_bootstrap.ROOT, "configs", "smollm2_135m.py"),
     "generation config", lock_config=True)
@@ -109,7 +116,7 @@ def side_by_side(pair, config, texts, prompt_width: int | None = None) -> None:
   not pay."""
   tok = pair.tokenizer
   proposer = machine_costs.config_proposer(
-      config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"),
+      config, pair, directory=_bootstrap.COSTS_DIR,
       prompt_width=prompt_width)
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)

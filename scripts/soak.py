@@ -26,6 +26,13 @@ from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
 
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "costs", "verifier",
+    "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
+    "seed"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _STEPS = flags.DEFINE_integer("steps", 0, "stop after this many speculative steps (0: --tokens)")
 _TOKENS = flags.DEFINE_integer("tokens", 0, "stop after this many generated tokens")
@@ -64,11 +71,11 @@ def main(argv):
   batch = len(pair.prompts)
   prompts = prompt_windows(pair, 64 * batch, _PROMPT_TOKENS.value, config.seed)
   proposer = machine_costs.config_proposer(  # gamma 'auto': this machine's cost table
-      config, pair, directory=os.path.join(_bootstrap.ROOT, "runs", "costs"))
+      config, pair, directory=_bootstrap.COSTS_DIR)
   if proposer is None:  # drafting does not pay here: soak the loop with plain steps anyway
     gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-    proposer = AutoGamma(machine_costs.table_for(
-        pair, gamma_max=gamma_max, directory=os.path.join(_bootstrap.ROOT, "runs", "costs")),
+    proposer = AutoGamma(machine_costs.run_table(
+        config, pair, gamma_max=gamma_max, directory=_bootstrap.COSTS_DIR),
         gamma_max)
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, vocab_size=pair.vocab_size)

@@ -19,6 +19,14 @@ from ml_collections import config_flags
 
 from specdec_jax import distill
 
+CONFIG_FAMILY = "distill"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "seed", "mesh", "distributed", "chat", "target_model", "draft",
+    "lr", "warmup", "steps", "batch_size", "eval_batch_size", "eval_windows", "seq_len",
+    "temperature", "clip", "weight_decay", "checkpoint_every", "keep", "eval_every",
+    "log_every", "heldout_fraction", "stop_after", "corpora", "split_seed", "cache_dir",
+    "pretrain", "stdlib_max_chars"
+)
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/distill_*.py file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, models and report go here.")

@@ -23,8 +23,9 @@ def _generate(*flags):
 
 
 @pytest.mark.parametrize("flag,message", [
-    ("--config.mesh=3,3", "error: mesh 3x3 needs 9 devices, 1 are available"),
-    ("--config.draft=ngram:0", "error: ngram draft name must be 'ngram:<n>' with n >= 1"),
+    ("--config.mesh=3,3", "error: config.mesh '3,3' needs 9 devices, 1 are available"),
+    ("--config.draft=ngram:0", "error: config.draft ngram draft name must be 'ngram:<n>' "
+     "with n >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line(flag, message):
   proc = _generate(flag)

@@ -186,6 +186,11 @@ def side_by_side(target: Model, draft: Model, prompts, *, spec: DecodeSpec, seed
   return (summary, out) if return_results else summary
 
 
+def prompt_bucket(tokens: int) -> int:
+  """The width a prompt of `tokens` tokens is padded to in `side_by_side_per_prompt`."""
+  return -(-tokens // PROMPT_BUCKET) * PROMPT_BUCKET
+
+
 def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, ids=None,
                             **kw) -> dict:
   """`side_by_side` on each prompt alone (batch 1), then a summary per domain and overall.
@@ -204,7 +209,7 @@ def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, id
   # Prompts run padded to a multiple of PROMPT_BUCKET, bucket by bucket: one pair of
   # compiled loops per bucket, not per prompt length. Dropping them after each bucket
   # keeps the process under vm.max_map_count (tests/conftest.py) on a long prompt set.
-  widths = [-(-len(p) // PROMPT_BUCKET) * PROMPT_BUCKET for p in prompts]
+  widths = [prompt_bucket(len(p)) for p in prompts]
   order = sorted(range(len(prompts)), key=lambda i: (widths[i], i))
   rows = [None] * len(prompts)
   for at, i in enumerate(order):

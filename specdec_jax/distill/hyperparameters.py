@@ -39,7 +39,8 @@ RULES: dict[str, tuple[str, float | None, float | None, bool]] = {
 PRETRAIN_FIELDS = ("steps", "lr", "warmup", "batch_size", "seq_len")
 
 
-def _check(name: str, value: Any, rule) -> None:
+def check_range(name: str, value: Any, rule) -> None:
+  """Raises ValueError naming config.<name> when value is not of rule's kind and range."""
   kind, low, high, low_inclusive = rule
   if kind == "int":
     ok_type = isinstance(value, int) and not isinstance(value, bool)
@@ -64,7 +65,7 @@ def check_hyperparameters(config: Mapping[str, Any]) -> None:
   config.pretrain's fields are checked under their own names (pretrain.<field>)."""
   for name, rule in RULES.items():
     if name in config:
-      _check(name, config[name], rule)
+      check_range(name, config[name], rule)
   if config.get("on_policy_fraction", 0) > 0 and "prompt_len" in config and \
       config["prompt_len"] >= config.get("seq_len", math.inf):
     raise ValueError(f"config.prompt_len ({config['prompt_len']}) must be below "
@@ -73,4 +74,4 @@ def check_hyperparameters(config: Mapping[str, Any]) -> None:
   if pretrain:
     for name in PRETRAIN_FIELDS:
       if name in pretrain:
-        _check(f"pretrain.{name}", pretrain[name], RULES[name])
+        check_range(f"pretrain.{name}", pretrain[name], RULES[name])

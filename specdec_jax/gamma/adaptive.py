@@ -108,6 +108,28 @@ class CostTable:
         raise ValueError(f"cost table {name} has {len(s)} entries (s(0..)); it needs one "
                          f"per call width, {widths[1]} like {widths[0]}")
 
+  def to_dict(self) -> dict:
+    """The table as JSON-ready lists (`from_dict` reads it back exactly)."""
+    def floats(values):
+      return None if values is None else [float(x) for x in values]
+    return dict(c=None if self.c is None else float(self.c),
+                verify_costs=floats(self.verify_costs), step_costs=floats(self.step_costs),
+                lookup_step_costs=floats(self.lookup_step_costs))
+
+  @classmethod
+  def from_dict(cls, stored: dict) -> "CostTable":
+    """A table from `to_dict`'s form (a mapping with the four keys, missing = None);
+    ValueError for a malformed one."""
+    try:
+      def floats(name):
+        values = stored.get(name)
+        return None if values is None else tuple(float(x) for x in values)
+      return cls(c=None if stored.get("c") is None else float(stored["c"]),
+                 verify_costs=floats("verify_costs"), step_costs=floats("step_costs"),
+                 lookup_step_costs=floats("lookup_step_costs"))
+    except (TypeError, AttributeError):
+      raise ValueError(f"not a cost table: {str(stored)[:80]!r}") from None
+
   @property
   def max_gamma(self) -> int:
     """The largest γ the table covers (s(γ), or v(γ+1), known)."""

@@ -236,27 +236,60 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
   path = cache_path(directory, key)
   try:
     stored = json.loads(path.read_text())
-
-    def floats(name):
-      return None if stored.get(name) is None else tuple(float(x) for x in stored[name])
-
-    table = CostTable(c=None if stored.get("c") is None else float(stored["c"]),
-                      verify_costs=floats("verify_costs"), step_costs=floats("step_costs"),
-                      lookup_step_costs=floats("lookup_step_costs"))
+    table = CostTable.from_dict(stored)
     if stored.get("key") == key and table.max_gamma >= gamma_max:
       return table, False
   except (OSError, ValueError, KeyError, TypeError):
     pass  # missing, unreadable or another table: measure
   table = measure_fn()
   path.parent.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(path, dict(key=key, c=table.c,
-                               verify_costs=None if table.verify_costs is None
-                               else list(table.verify_costs),
-                               step_costs=None if table.step_costs is None
-                               else list(table.step_costs),
-                               lookup_step_costs=None if table.lookup_step_costs is None
-                               else list(table.lookup_step_costs)))
+  atomic_write_json(path, dict(key=key, **table.to_dict()))
   return table, True
+
+
+def load_pinned_table(path: str | os.PathLike) -> CostTable:
+  """A cost table pinned by a file (config.costs): a cached table of runs/costs/, or a
+  result that recorded the table its gamma 'auto' chose from (a JSON object holding it
+  under 'cost_table', or under meta.auto_cost_table as the benchmark writes it). With
+  a pinned table, gamma 'auto' chooses the same γ on any machine: the same seed gives
+  the same tokens."""
+  try:
+    stored = json.loads(pathlib.Path(path).read_text())
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    raise ValueError(f"cost table {os.fspath(path)!r} is not readable JSON: "
+                     f"{str(exc).splitlines()[0]}") from None
+  if isinstance(stored, dict):
+    for holder in (stored.get("meta"), stored):
+      if isinstance(holder, dict):
+        for name in ("auto_cost_table", "cost_table"):
+          if isinstance(holder.get(name), dict):
+            stored = holder[name]
+            break
+  if not isinstance(stored, dict) or not any(stored.get(k) is not None for k in (
+      "step_costs", "verify_costs")):
+    raise ValueError(f"{os.fspath(path)!r} holds no cost table (step_costs or c and "
+                     f"verify_costs; a result file of a gamma 'auto' run holds one)")
+  try:
+    return CostTable.from_dict(stored)
+  except ValueError as exc:
+    raise ValueError(f"cost table {os.fspath(path)!r}: {str(exc).splitlines()[0]}") from None
+
+
+def run_table(config, pair, *, gamma_max: int, directory: str | os.PathLike,
+              batch: int | None = None, run: dict | None = None,
+              log: Callable[[str], None] = print) -> CostTable:
+  """The table a run's gamma 'auto' chooses from: the one config.costs pins, else this
+  machine's (`table_for`, measured once and cached)."""
+  pinned = str(config.get("costs", "") or "")
+  if pinned:
+    table = load_pinned_table(pinned)
+    if table.max_gamma < gamma_max:
+      raise ValueError(f"config.costs {pinned!r} holds step costs up to gamma "
+                       f"{table.max_gamma}, below gamma_max {gamma_max}")
+    log(f"gamma auto: the cost table pinned by {pinned}")
+    return table
+  return table_for(pair, gamma_max=gamma_max, directory=directory, batch=batch, run=run,
+                   log=log)
 
 
 def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int | None = None,
@@ -329,7 +362,7 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
   run = dict(context=max([len(p) for p in pair.prompts] + [prompt_width or 0]),
              max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
-  table = table_for(pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
+  table = run_table(config, pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
   if not table.drafting_pays(gamma_max):
     log(f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "

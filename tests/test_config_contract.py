@@ -1,0 +1,235 @@
+"""The config contract (specdec_jax.config_fields, scripts/_bootstrap.py): every script x
+every field it reads x bad values by kind ends in one line or in the value honoured;
+unknown and unread fields are refused; gamma 'auto' replays from a pinned cost table.
+
+The walk reads the scripts' CONFIG_READS declarations and the fields' kinds, so a new
+field or script is covered without editing this file."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from specdec_jax import config_fields
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+import _bootstrap  # noqa: E402
+
+# the smallest config file of each family (every field of the family set)
+TINY = {"run": "configs/tiny.py", "distill": "configs/distill_tiny.py",
+        "sweep": "configs/sweep_tiny.py"}
+
+# bad values by kind: (case, text on the command line, must it be refused)
+NUMBER_CASES = [("negative", "-1", True), ("zero", "0", False), ("huge", "1000000000", False),
+                ("wrong type", "abc", True)]
+FLOAT_CASES = [("nan", "nan", True), ("inf", "inf", True)]
+STR_CASES = [("empty", "", False), ("unknown name", "bogus:name", False)]
+PATH_CASES = {
+    "model": [("missing path", "missing/none.gguf", True), ("corrupt file", "{corrupt}.gguf",
+                                                             True)],
+    "read": [("missing path", "missing/none.json", True), ("corrupt file", "{corrupt}.json",
+                                                           True)],
+    "write": [("unwritable path", "{corrupt}.json/cache", True)],  # under a file
+}
+
+
+def cases(field: config_fields.Field):
+  """(case, value text, must refuse) for one field's kind."""
+  if field.kind == "int":
+    out = list(NUMBER_CASES) + [("wrong type", "1.5", True)]
+  elif field.kind == "float":
+    out = list(NUMBER_CASES) + FLOAT_CASES
+  elif field.kind == "bool":
+    out = [("wrong type", "maybe", True)]
+  elif field.kind == "str":
+    out = list(STR_CASES) + PATH_CASES.get(field.path, [])
+  elif field.kind == "texts":
+    out = [("empty", "()", True), ("empty text", "('',)", True)]
+  elif field.kind == "dims":
+    out = [("negative", "{sub}=-1", True), ("unknown name", "{sub_unknown}=3", True)]
+  elif field.kind == "seq":
+    out = [("empty", "()", False)]
+  else:
+    out = []
+  if field.low is not None and field.low < 0:  # a field where negatives are legal
+    out = [(c, v, refuse and c != "negative") for c, v, refuse in out]
+  return out
+
+
+def tiny_fields(family) -> set:
+  return set(_bootstrap.load_config_args([f"--config={TINY[family]}"]).keys())
+
+
+def walk():
+  """Every script x every field it reads that its family's tiny config sets (a field
+  the file lacks cannot be set on the command line: that is refused as such)."""
+  for script, (family, reads) in sorted(_bootstrap.declarations().items()):
+    fields = config_fields.FAMILIES[family]
+    present = tiny_fields(family)
+    for name in reads:
+      if name not in present:
+        continue
+      for case, text, refuse in cases(fields[name]):
+        yield script, family, reads, name, case, text, refuse
+
+
+def argv_of(family, name, text, corrupt, dims_key="num_layers"):
+  text = text.replace("{corrupt}", str(corrupt))
+  if text.startswith("{sub}"):
+    return [f"--config={TINY[family]}", f"--config.{name}.{dims_key}{text[5:]}"]
+  if text.startswith("{sub_unknown}"):
+    return [f"--config={TINY[family]}", f"--config.{name}.no_such_size{text[13:]}"]
+  return [f"--config={TINY[family]}", f"--config.{name}={text}"]
+
+
+def outcome(script, family, reads, argv):
+  """The one-line refusal, or None (accepted)."""
+  try:
+    _bootstrap.check_config_args(argv, script, family, reads)
+  except ValueError as exc:
+    return str(exc)
+  return None
+
+
+def test_every_script_with_a_config_declares_its_fields():
+  declared = _bootstrap.declarations()
+  for path in sorted((REPO / "scripts").glob("*.py")):
+    if "config_flags.DEFINE_config_file(" in path.read_text() and path.name != "_bootstrap.py":
+      assert path.name in declared, f"{path.name} takes --config but declares no CONFIG_READS"
+  for script, (family, reads) in declared.items():
+    unknown = set(reads) - set(config_fields.FAMILIES[family])
+    assert not unknown, f"{script} reads fields of no family: {unknown}"
+  assert "run.py" in declared  # make run's script, too
+
+
+def test_walk_every_script_and_field(tmp_path, monkeypatch):
+  """Every case is refused with one line, or is a value the field admits (zero, huge,
+  empty, a free name). Report: how many cases ran."""
+  monkeypatch.chdir(REPO)
+  corrupt = tmp_path / "corrupt"
+  for suffix in (".gguf", ".json"):
+    pathlib.Path(f"{corrupt}{suffix}").write_bytes(b"\x00not what it claims\xff")
+  for script, (family, reads) in _bootstrap.declarations().items():  # the baseline passes
+    assert outcome(script, family, reads, [f"--config={TINY[family]}"]) is None, script
+  ran, refused, problems = 0, 0, []
+  for script, family, reads, name, case, text, refuse in walk():
+    ran += 1
+    t0 = time.perf_counter()
+    got = outcome(script, family, reads, argv_of(family, name, text, corrupt))
+    if time.perf_counter() - t0 > 10:
+      problems.append(f"{script} {name}={text!r}: took over 10 s to check")
+    if got is None:
+      if refuse:
+        problems.append(f"{script} {name}={text!r} ({case}): accepted")
+      continue
+    refused += 1
+    if "\n" in got or not got.strip():
+      problems.append(f"{script} {name}={text!r}: not one line: {got!r}")
+  print(f"config contract walk: {ran} cases, {refused} refused")
+  assert ran > 300
+  assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("script,flag,expect", [
+    ("generate.py", "--config.no_such_field=3", "unknown config field 'no_such_field'"),
+    ("sweep.py", "--config.no_such_field=3", "unknown config field 'no_such_field'"),
+    ("generate.py", "--config.repeats=2", "generate.py does not read config.repeats; "
+     "scripts that do: benchmark.py"),
+    ("mesh_benchmark.py", "--config.tree=2,2", "mesh_benchmark.py does not read config.tree"),
+    ("generate.py", "--config.gamma_max=500", "config.gamma_max must lie in [0, 16]"),
+    ("generate.py", "--config.tree_rule=topk", "config.tree_rule is set but not used"),
+])
+def test_refusals_name_the_field(script, flag, expect):
+  family, reads = _bootstrap.declarations()[script]
+  config = TINY[family]
+  got = outcome(script, family, reads, [f"--config={config}", flag])
+  assert got is not None and expect in got, got
+
+
+def test_tree_with_gamma_auto_is_refused_at_once():
+  family, reads = _bootstrap.declarations()["generate.py"]
+  got = outcome("generate.py", family, reads, ["--config=configs/tiny.py",
+                                               "--config.gamma=auto", "--config.tree=2,2"])
+  assert "config.tree needs a fixed gamma" in got
+
+
+def test_a_config_file_field_of_another_script_is_refused_unless_off(tmp_path):
+  """configs/heldout_smollm2.py sets prompt_set: generate.py does not read it."""
+  family, reads = _bootstrap.declarations()["generate.py"]
+  got = outcome("generate.py", family, reads, ["--config=configs/heldout_smollm2.py"])
+  assert got is not None and "does not read config.prompt_set" in got
+  assert outcome("generate.py", family, reads, ["--config=configs/heldout_smollm2.py",
+                                                "--config.prompt_set="]) is not None  # given
+
+
+def _script(name, *args, env=None, timeout=120):
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **(env or {})}
+  t0 = time.perf_counter()
+  proc = subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=timeout)
+  return proc, time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("flag", ["--config.gamma_max=500", "--config.tree=x",
+                                  "--config.mesh=a,b", "--config.seed=-3",
+                                  "--config.no_such_field=3", "--config.seed=abc"])
+def test_the_command_line_says_one_line_and_exits_2_within_10_s(flag):
+  proc, seconds = _script("generate.py", "--config=configs/tiny.py", "--prompt=abc", flag)
+  assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+  assert seconds < 10
+
+
+def test_gamma_auto_replays_from_a_pinned_table_with_no_cached_one(tmp_path):
+  """generate.py with gamma 'auto' measures a table into an empty cache and records it;
+  a second run pinned to that record (--config.costs), with another empty cache, gives
+  the same tokens and measures nothing."""
+  first_cache, second_cache = tmp_path / "costs1", tmp_path / "costs2"
+  common = ["--config=configs/tiny.py", "--prompt=abc", "--prompt=hello there",
+            "--config.gamma=auto", "--config.batch_size=2", "--config.max_new_tokens=24",
+            "--json"]
+  proc, _ = _script("generate.py", *common, env={"SPECDEC_COSTS_DIR": str(first_cache)},
+                    timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  first = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert first["cost_table"]["step_costs"], first
+  assert list(first_cache.iterdir())  # measured and cached
+  record = tmp_path / "first.json"
+  record.write_text(json.dumps(first))
+  proc, _ = _script("generate.py", *common, f"--config.costs={record}",
+                    env={"SPECDEC_COSTS_DIR": str(second_cache)}, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  second = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert not second_cache.exists() or not list(second_cache.iterdir())  # nothing measured
+  assert second["cost_table"] == first["cost_table"]
+  assert [r["tokens"] for r in second["rows"]] == [r["tokens"] for r in first["rows"]]
+  assert second["gamma_histogram"] == first["gamma_histogram"]
+
+
+@pytest.mark.slow
+def test_every_refusal_through_the_real_command_line(tmp_path):
+  """The walk's refused cases, each run as its script's real command: one stderr line,
+  exit 2, within 10 s (slow: one process per case)."""
+  corrupt = tmp_path / "corrupt"
+  for suffix in (".gguf", ".json"):
+    pathlib.Path(f"{corrupt}{suffix}").write_bytes(b"\x00not what it claims\xff")
+  problems = []
+  for script, family, reads, name, case, text, refuse in walk():
+    argv = argv_of(family, name, text, corrupt)
+    if outcome(script, family, reads, argv) is None:
+      continue
+    extra = {"sweep.py": [f"--workdir={tmp_path / 'w'}"], "distill.py": [
+        f"--workdir={tmp_path / 'w'}"], "train.py": [f"--workdir={tmp_path / 'w'}"],
+        "distill_table.py": [f"--workdir={tmp_path / 'w'}"]}.get(script, [])
+    proc, seconds = _script(script, *argv, *extra, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    if proc.returncode != 2 or len(lines) != 1 or seconds > 10:
+      problems.append(f"{script} {argv[-1]}: exit {proc.returncode}, {len(lines)} lines, "
+                      f"{seconds:.1f} s: {proc.stderr[-300:]!r}")
+  assert not problems, "\n".join(problems)
