@@ -96,8 +96,8 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
                seed: int = 0, feature_draft: str | None = None):
   """(config, params) of the draft: a model draft's ModelConfig and params, a registered
   kind's Draft (`drafts.registry`: (NgramDraft, None) for 'ngram:<n>'; for 'hybrid:<n>' a
-  HybridDraft around the draft named `feature_draft`, with its params), (None, None) for
-  'none'."""
+  HybridDraft around the model draft named `feature_draft` (a feature or an independent
+  one), with its params), (None, None) for 'none'."""
   if name in ("none", "", None):
     return None, None
   if registry.is_registered(name):
@@ -108,10 +108,7 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
                          f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
       cfg, params = load_draft(feature_draft, tokenizer, target_config, target_params,
                                dims=dims, seed=seed)
-      inner = registry.from_model_config(cfg)
-      if not inner.follows_emitted:
-        raise ValueError(f"draft {name!r}: config.feature_draft {feature_draft!r} is not a "
-                         f"feature draft (its state would not follow the lookup's tokens)")
+      inner = registry.from_model_config(cfg)  # a feature or an independent draft
     return registry.make(name, inner), params
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params

@@ -25,6 +25,7 @@ from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfi
 from specdec_jax.decoding import loop, step
 from specdec_jax.decoding.spec import prepare
 from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.independent import IndependentDraft
 from specdec_jax.drafts.ngram import NgramDraft, lookup
 from specdec_jax.gamma import adaptive
 from specdec_jax.io import checkpoint as ckpt_lib
@@ -259,8 +260,9 @@ def test_hybrid_draft_names_and_errors(greedy_pair, tmp_path):
   for feature_draft in (None, "", "hybrid:2", "ngram:2"):
     with pytest.raises(ValueError, match="needs config.feature_draft"):
       load_draft("hybrid:3", tok, target, tp, feature_draft=feature_draft)
-  with pytest.raises(ValueError, match="is not a feature draft"):
-    load_draft("hybrid:3", tok, target, tp, feature_draft="truncate:1")
+  # an independent inner draft feeds the lookup's tokens where a row takes them
+  truncated, _ = load_draft("hybrid:3", tok, target, tp, feature_draft="truncate:1")
+  assert truncated == HybridDraft(IndependentDraft(target.replace(num_layers=1)), 3, 3)
   with pytest.raises(ValueError, match="follows the emitted tokens .* got NgramDraft"):
     HybridDraft(NgramDraft(2))
   with pytest.raises(ValueError, match="min_n <= max_n, got 3 > 2"):
@@ -287,6 +289,5 @@ def test_load_pair_resolves_hybrid_from_config(tmp_path):
   pair = load_pair(config)
   assert pair.draft_config == HybridDraft(feature.replace(max_seq_len=512), 2, 2)
   assert pair.draft_params["fuse"].shape == (64, 16) and pair.vocab_size == 257
-  config.feature_draft = "truncate:1"
-  with pytest.raises(ValueError, match="is not a feature draft"):
-    load_pair(config)
+  config.feature_draft = "truncate:1"  # an independent inner draft
+  assert isinstance(load_pair(config).draft_config.inner, IndependentDraft)

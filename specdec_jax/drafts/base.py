@@ -51,7 +51,8 @@ class Plan:
 
   proposes: bool [B], rows with something to propose (a lookup without a match has not);
   source: int32 [B], DRAFT or LOOKUP (which α̂ and step costs a row's γ uses);
-  lookup: the kind's own per-step data (a prompt lookup's proposals), or None.
+  lookup: a prompt lookup's (proposals int32 [B,G], found bool [B]), or None; a hybrid
+  hands its plan to its inner draft, whose found rows propose the lookup's tokens.
   """
 
   proposes: Array
@@ -117,9 +118,10 @@ class Draft:
 
   @property
   def follows_emitted(self) -> bool:
-    """True if the draft state after a step is that of the emitted tokens whatever the
-    draft proposed (a re-read), so another proposal source may replace its tokens (the
-    hybrid needs this)."""
+    """True if the draft state after a step is that of the emitted tokens even where a
+    hybrid's lookup replaced the draft's proposals (the hybrid needs this): a feature
+    draft re-reads the accepted positions; an independent draft feeds the tokens its rows
+    propose (`Plan.lookup`; `lookup` of `propose_tree`)."""
     return False
 
   @property
@@ -185,7 +187,9 @@ class Draft:
                    rule: str, warp_fn, vocab_size: int, greedy: bool):
     """A token tree -> (nodes int32 [B,N], q_at float32 [B,N+1,V] or None (a deterministic
     candidate set, rule 'topk'), draft state, scores float32 [B,N] for a dynamic tree or
-    None). keys [B,N,2]: node i is drawn with keys[:, i] ('sampled')."""
+    None). keys [B,N,2]: node i is drawn with keys[:, i] ('sampled'). A draft with
+    `follows_emitted` also takes lookup=(nodes [B,N], found [B]) from a hybrid: the
+    lookup's tree, which found rows propose instead."""
     raise NotImplementedError
 
   def advance_tree(self, draft_state, *, length: Array, new_length: Array, path: Array,

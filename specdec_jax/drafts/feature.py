@@ -181,7 +181,8 @@ class FeatureDraft(ModelDraft):
     return behind <= draft_state.features.shape[1] - 2
 
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
-                   vocab_size, greedy):
+                   vocab_size, greedy, lookup=None):
+    del lookup  # a hybrid's lookup tree: advance_tree re-reads the path whatever was proposed
     logits, cache, h = self.reread(params, target_params, state)
     embed = target_params["embed"]
     own = (self.config.num_layers,)

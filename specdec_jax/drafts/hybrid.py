@@ -15,9 +15,11 @@ where the text repeats (refrains, code, greedy loops), where a lookup is nearly 
 right.
 
 The inner draft runs every step on every row, and its state must follow the emitted
-tokens whichever proposal a row took (`Draft.follows_emitted`, true of a feature draft's
-re-read). When every row that proposes two or more takes the lookup, the inner draft may
-skip its deeper drafts (`shallow`): no row proposes them. In a tree (rule 'topk', chains
+tokens whichever proposal a row took (`Draft.follows_emitted`): a feature draft re-reads
+the accepted positions; an independent draft is handed the lookup (`Plan.lookup`, and
+`lookup=` of `propose_tree`) and feeds each row's proposed tokens into its cache. When
+every row that proposes two or more takes the lookup, the inner draft may skip its deeper
+drafts (`shallow`): no row proposes them. In a tree (rule 'topk', chains
 below the root) the inner draft drafts its tree on every row and rows with a match take
 the lookup's tree; the candidate set is still deterministic.
 """
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 from specdec_jax.drafts import ngram
 from specdec_jax.drafts.base import DRAFT, LOOKUP, Draft, Plan
 from specdec_jax.drafts.feature import FeatureDraft
+from specdec_jax.drafts.independent import IndependentDraft
 from specdec_jax.models.model import ModelConfig
 
 Array = jax.Array
@@ -40,7 +43,8 @@ Array = jax.Array
 @dataclasses.dataclass(frozen=True)
 class HybridDraft(Draft):
   """Prompt lookup of min_n..max_n trailing tokens over `inner` (its params are the
-  hybrid's). A ModelConfig with feature_layers as inner is taken as its FeatureDraft."""
+  hybrid's). A ModelConfig as inner is taken as its model draft: a FeatureDraft with
+  feature_layers, else an IndependentDraft."""
 
   inner: Draft
   min_n: int = 3
@@ -48,12 +52,13 @@ class HybridDraft(Draft):
 
   def __post_init__(self):
     inner = self.inner
-    if isinstance(inner, ModelConfig) and inner.feature_layers:
-      inner = FeatureDraft(inner)
+    if isinstance(inner, ModelConfig):
+      inner = FeatureDraft(inner) if inner.feature_layers else IndependentDraft(inner)
       object.__setattr__(self, "inner", inner)
     if not isinstance(inner, Draft) or not inner.follows_emitted:
       raise ValueError(f"hybrid draft needs an inner draft whose state follows the emitted "
-                       f"tokens (a feature draft), got {type(inner).__name__}")
+                       f"tokens (a feature or an independent model draft), got "
+                       f"{type(inner).__name__}")
     for name in ("min_n", "max_n"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -128,10 +133,10 @@ class HybridDraft(Draft):
     return self.inner.room_to_skip(draft_state, length)
 
   def propose_tree(self, params, target_params, state, keys, **kw):
-    nodes, q_at, draft_state, scores = self.inner.propose_tree(params, target_params, state,
-                                                               keys, **kw)
     looked, found = ngram.lookup_tree(state, shape=kw["shape"], min_n=self.min_n,
                                       max_n=self.max_n)
+    nodes, q_at, draft_state, scores = self.inner.propose_tree(
+        params, target_params, state, keys, lookup=(looked, found), **kw)
     return jnp.where(found[:, None], looked, nodes), q_at, draft_state, scores
 
   def advance_tree(self, draft_state, **kw):

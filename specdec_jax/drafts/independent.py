@@ -9,6 +9,12 @@ One chain step for row b (length ℓ = num_tokens[b]-1, pending token t):
      target will see; after the verifier its cache length is set to the new ℓ.
 A vocabulary-subset head (`ModelConfig.head_tokens`) gives every other token q = 0; such
 a token is then only emitted from the residual.
+
+Inside a hybrid (`hybrid.HybridDraft`) a row whose lookup matched proposes the lookup's
+tokens instead of x_1..x_d. The plan says which (`Plan.lookup`; a tree's `lookup`), and
+the draft feeds the row's proposed tokens, not its own, into its cache: its cache then
+holds every token the target sees, and after the rollback exactly the emitted ones
+(`follows_emitted`), whichever source proposed them. Alone (no lookup) it feeds x_i.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class IndependentDraft(ModelDraft):
       raise ValueError(f"an independent draft needs a ModelConfig without feature_layers, "
                        f"got {self.config!r}")
 
+  @property
+  def follows_emitted(self) -> bool:
+    return True  # it feeds what its rows propose (a hybrid's lookup where it matched)
+
   def check(self, params, target_config) -> None:
     check_params(params, self.config, "draft")
 
@@ -50,17 +60,22 @@ class IndependentDraft(ModelDraft):
               vocab_size, shallow=None):
     length = state.num_tokens - 1
     gamma = keys.shape[1]
+    # a hybrid's lookup (proposals [B,G], found [B]): rows with a match propose its tokens
+    looked, found = plan.lookup if plan.lookup is not None else (None, None)
 
-    def draft_one(carry, step_keys):
+    def draft_one(carry, inputs):
       cache, token, pos = carry
+      step_keys, proposed = inputs
       logits, cache = forward(params, token[:, None], pos[:, None], cache, config=self.config)
       q = warp_fn(logits[:, 0])
       x = sample_rows(step_keys, q, greedy)
-      return (cache, x, pos + 1), (x, q)
+      fed = x if proposed is None else jnp.where(found, proposed, x)  # the row's proposal
+      return (cache, fed, pos + 1), (x, q)
 
     cache = with_length(state.draft_state, length)
+    proposed = None if looked is None else jnp.swapaxes(looked[:, :gamma], 0, 1)
     (cache, last, _), (xs, qs) = jax.lax.scan(
-        draft_one, (cache, pending_tokens(state), length), jnp.swapaxes(keys, 0, 1))
+        draft_one, (cache, pending_tokens(state), length), (jnp.swapaxes(keys, 0, 1), proposed))
     _, cache = forward(params, last[:, None], (length + gamma)[:, None], cache,
                        config=self.config, return_logits=False)
     return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
@@ -69,7 +84,7 @@ class IndependentDraft(ModelDraft):
     return with_length(draft_state, new_length)
 
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
-                   vocab_size, greedy):
+                   vocab_size, greedy, lookup=None):
     length = state.num_tokens - 1
     logits, cache = forward(params, pending_tokens(state)[:, None], length[:, None],
                             with_length(state.draft_state, length), config=self.config)
@@ -81,7 +96,7 @@ class IndependentDraft(ModelDraft):
 
     return tree_drafting.draft_levels(shape, rule, logits, cache, None, level, keys=keys,
                                       length=length, warp_fn=warp_fn, vocab_size=vocab_size,
-                                      greedy=greedy)
+                                      greedy=greedy, forced=lookup)
 
   def advance_tree(self, draft_state, *, length, new_length, path, call_path, target_features):
     return with_length(tree_drafting.compact_path(draft_state, length, path), new_length)

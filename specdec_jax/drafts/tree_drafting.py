@@ -100,14 +100,16 @@ def compact_path(cache: dict, length: Array, path: Array) -> dict:
 
 def draft_levels(shape: TreeShape, rule: str, root_logits: Array, cache: dict, hiddens,
                  level_fn, *, keys: Array, length: Array, warp_fn, vocab_size: int,
-                 greedy: bool):
+                 greedy: bool, forced: tuple[Array, Array] | None = None):
   """The tree of a model draft whose root call gave root_logits [B,P0,V] and cache ->
   (nodes int32 [B,N], q_at float32 [B,N+1,V] (zeros at depth-D positions), cache, scores
   float32 [B,N] (a dynamic tree) or None).
 
   level_fn(x [B,n], positions [B,n], cache, mask [B,n,S], parents (static [n]), last,
   hiddens) -> (logits [B,n,V] or None when last, cache, hiddens): one draft call over a
-  level's nodes; hiddens is whatever the kind carries from level to level.
+  level's nodes; hiddens is whatever the kind carries from level to level. forced: (nodes
+  int32 [B,N], rows bool [B]) or None; on those rows the nodes are these instead of drawn
+  (a hybrid's lookup tree), so the calls, and the cache, see the tree the row proposes.
   """
   rank = root_logits[:, :, :vocab_size]  # [B,P,V]: positions drafted so far
   q_at = warp_fn(root_logits)
@@ -116,6 +118,8 @@ def draft_levels(shape: TreeShape, rule: str, root_logits: Array, cache: dict, h
   slots = cache["k"].shape[2]
   for depth, (start, end) in enumerate(spans, 1):
     x = tree_children(shape, rule, start, end, TreeChildren(q_at, rank), keys, greedy)
+    if forced is not None:
+      x = jnp.where(forced[1][:, None], forced[0][:, start:end], x)
     nodes.append(x)
     parents = shape.parent_positions()[start:end]
     if shape.budget is not None:  # log q(x | parent) of the unwarped draft, for the ranking
