@@ -1,9 +1,12 @@
 """A byte-level BPE tokenizer built offline from GGUF metadata, and vocabulary identity.
 
-The recipe rebuilds SmolLM2's Hugging Face tokenizer from `tokenizer.ggml.*` keys:
-BPE(vocab, merges), pre-tokenizer Sequence[Digits(individual), ByteLevel(no prefix
-space, GPT-2 regex)], ByteLevel decoder, and token_type == 3 entries as special
-tokens. Nothing is downloaded.
+The recipe rebuilds the Hugging Face tokenizer from `tokenizer.ggml.*` keys:
+BPE(vocab, merges), a ByteLevel decoder, token_type == 3 entries as special tokens, and
+the pre-tokenizer `tokenizer.ggml.pre` names: 'qwen2' (Qwen2 / Qwen2.5) is an NFC
+normalizer and Sequence[Split(QWEN2_SPLIT, isolated), ByteLevel(no prefix space, no
+regex)], as Qwen's tokenizer.json; any other name (SmolLM2's 'smollm') gets SmolLM2's,
+Sequence[Digits(individual), ByteLevel(no prefix space, GPT-2 regex)]. Nothing is
+downloaded.
 
 `identity` is a sha256 of the token strings in id order: two models can share a
 draft/target pair only if their identities match (`check_same_vocab`). Padding
@@ -19,11 +22,29 @@ import re
 from typing import Sequence
 
 import tokenizers
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 Message = dict[str, str]
 
 _CONTROL = 3  # llama.cpp token type of special / control tokens
+# Qwen2's pre-tokenizer split (its tokenizer.json; llama.cpp's 'qwen2' pre-tokenizer): one
+# digit per piece, letters with at most one leading non-letter ('(xs', '.shape'),
+# punctuation runs with their trailing newlines ('):\n').
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def pre_tokenizer(pre: str | None):
+  """(normalizer or None, pre-tokenizer) for llama.cpp's `tokenizer.ggml.pre` name."""
+  if pre == "qwen2":
+    return normalizers.NFC(), pre_tokenizers.Sequence([
+        pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+  return None, pre_tokenizers.Sequence([
+      pre_tokenizers.Digits(individual_digits=True),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+  ])
 
 
 def vocab_identity(tokens: Sequence[str]) -> str:
@@ -45,7 +66,7 @@ class Tokenizer:
 
   def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
                *, bos_id: int, eos_id: int, pad_id: int | None = None,
-               chat_template: str | None = None):
+               chat_template: str | None = None, pre: str | None = None):
     self.tokens = list(tokens)
     self.vocab_size = len(self.tokens)
     self.bos_id, self.eos_id = int(bos_id), int(eos_id)
@@ -62,10 +83,9 @@ class Tokenizer:
                          "tokens of the vocabulary")
     bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
     tok = tokenizers.Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    normalizer, tok.pre_tokenizer = pre_tokenizer(pre)
+    if normalizer is not None:
+      tok.normalizer = normalizer
     tok.decoder = decoders.ByteLevel()
     self.special_ids = [i for i, t in enumerate(token_types) if t == _CONTROL]
     tok.add_special_tokens([
@@ -92,6 +112,7 @@ class Tokenizer:
         eos_id=metadata(reader, "tokenizer.ggml.eos_token_id"),
         pad_id=metadata(reader, "tokenizer.ggml.padding_token_id", None),
         chat_template=metadata(reader, "tokenizer.chat_template", None),
+        pre=metadata(reader, "tokenizer.ggml.pre", None),
     )
 
   def encode(self, text: str) -> list[int]:
@@ -106,11 +127,14 @@ class Tokenizer:
     return self._tok.token_to_id(token)
 
   def default_system_prompt(self) -> str | None:
-    """The system message a ChatML template inserts when the first message is not one."""
+    """The system message a ChatML template inserts when the first message is not one: the
+    first literal `<|im_start|>system\\n...<|im_end|>` in it. Template code between the two
+    markers (quotes, braces: Qwen2.5's template opens a tools branch with the bare marker
+    and adds the message later) is not a message."""
     if not self.chat_template:
       return None
-    match = re.search(r"<\|im_start\|>system(?:\n|\\n)(.*?)<\|im_end\|>", self.chat_template,
-                      re.S)
+    match = re.search(r"<\|im_start\|>system(?:\n|\\n)([^'\"{}%]*?)<\|im_end\|>",
+                      self.chat_template)
     return match.group(1) if match else None
 
   def apply_chat_template(self, messages: Sequence[Message],
