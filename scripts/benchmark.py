@@ -60,6 +60,11 @@ _GAMMAS = flags.DEFINE_list("gammas", None, "gammas to run, ints or 'auto' (defa
 _VERIFIERS = flags.DEFINE_list("verifiers", None,
                                "verifiers to compare, e.g. token,block (default: config.verifier)")
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
+_PEER = flags.DEFINE_enum("peer", "", ["", "transformers"],
+                          "also time this peer's plain and assisted generation on the same "
+                          "GGUF pair, prompts and settings, after ours (batch 1)")
+_PEER_PYTHON = flags.DEFINE_string("peer_python", ".venv-ref/bin/python",
+                                   "the python of the peer's venv (make peer)")
 
 
 def run_spec(pair, config, gamma: int | str, verifier: str, auto: dict) -> DecodeSpec:
@@ -156,6 +161,84 @@ def auto_predicted_speedup(alpha: float, histogram: dict, table) -> float:
       n * float(s[g]) for g, n in histogram.items())
 
 
+def peer_pair(config) -> tuple[str, str]:
+  """(target, draft) GGUF paths for the peer, checked before anything loads: the peer's
+  venv must import torch and transformers, and both models must be GGUF files (a hybrid
+  draft's model draft is the peer's assistant)."""
+  import subprocess
+  from specdec_jax.loading import gguf_file
+  python = _PEER_PYTHON.value
+  if not os.path.isfile(python):
+    raise ValueError(f"--peer_python {python!r} not found: make the peer's venv with "
+                     f"`make peer`")
+  check = subprocess.run([python, "-c", "import torch, transformers, gguf"],
+                         capture_output=True, text=True)
+  if check.returncode:
+    raise ValueError(f"--peer_python {python!r} cannot import torch, transformers and gguf: "
+                     f"{(check.stderr.strip().splitlines() or ['?'])[-1]}")
+  draft = config.feature_draft if config.draft.startswith("hybrid:") else config.draft
+  paths = [gguf_file(config.target), gguf_file(draft)]
+  if None in paths:
+    raise ValueError(f"--peer needs GGUF target and draft models, got target "
+                     f"{config.target!r}, draft {draft!r}")
+  if int(config.batch_size) != 1 and not config.prompt_set:
+    raise ValueError("--peer times batch 1: pass --config.batch_size=1 or a prompt set")
+  return paths[0], paths[1]
+
+
+def run_peer(paths, prompts, config, workdir: str) -> dict:
+  """The peer's figures (scripts/peer_transformers.py in --peer_python), per prompt."""
+  import json
+  import subprocess
+  request = os.path.join(workdir, "peer_request.json")
+  out = os.path.join(workdir, "peer_result.json")
+  atomic_write_json(request, dict(target=paths[0], draft=paths[1],
+                                  prompts=[list(map(int, p)) for p in prompts],
+                                  max_new_tokens=int(config.max_new_tokens),
+                                  temperature=float(config.temperature), seed=int(config.seed),
+                                  repeats=int(config.repeats), threads=os.cpu_count()))
+  proc = subprocess.run([_PEER_PYTHON.value, os.path.join(_bootstrap.ROOT, "scripts",
+                                                          "peer_transformers.py"),
+                         f"--request={request}", f"--out={out}"])
+  if proc.returncode:
+    raise RuntimeError(f"the peer stopped with exit status {proc.returncode}")
+  with open(out) as f:
+    return json.load(f)
+
+
+def peer_table(rows, peer: dict) -> dict:
+  """Ours (autoregressive and each row's speculative decoding) against the peer's plain
+  and assisted generation, per prompt and as geometric means; printed and returned."""
+  per_prompt = rows[0].get("prompts") or [rows[0]]
+  peer_rows = peer["prompts"]
+  if len(per_prompt) != len(peer_rows):
+    raise RuntimeError(f"peer timed {len(peer_rows)} prompts, ours {len(per_prompt)}")
+
+  def gmean(xs):
+    return float(np.exp(np.mean(np.log(xs))))
+  out = dict(versions=peer["versions"], prompts=[], rows=[])
+  print(f"peer: transformers {peer['versions']['transformers']}, torch "
+        f"{peer['versions']['torch']}, {peer['versions']['threads']} threads")
+  for row in rows:
+    ours = row.get("prompts") or [row]
+    sd = [p["sd_tokens_per_s"] for p in ours]
+    ar = [p["ar_tokens_per_s"] for p in ours]
+    plain = [p["plain_tokens_per_s"] for p in peer_rows]
+    assisted = [p["assisted_tokens_per_s"] for p in peer_rows]
+    summary = dict(gamma=row["gamma"], verifier=row["verifier"], ours_ar=gmean(ar),
+                   ours_sd=gmean(sd), peer_plain=gmean(plain), peer_assisted=gmean(assisted),
+                   sd_over_assisted=gmean([a / b for a, b in zip(sd, assisted)]),
+                   ar_over_plain=gmean([a / b for a, b in zip(ar, plain)]))
+    out["rows"].append(summary)
+    print(f"gamma {row['gamma']} {row['verifier']}: ours AR {summary['ours_ar']:.2f} / SD "
+          f"{summary['ours_sd']:.2f} tok/s; transformers plain {summary['peer_plain']:.2f} / "
+          f"assisted {summary['peer_assisted']:.2f} tok/s (geometric means); ours SD / "
+          f"assisted {summary['sd_over_assisted']:.2f}x, ours AR / plain "
+          f"{summary['ar_over_plain']:.2f}x")
+  out["prompts"] = peer_rows
+  return out
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
@@ -169,6 +252,7 @@ def main(argv):
     resolve_verifier(name)  # a clear error for an unknown name, before any work
   if "auto" in gammas and config.tree:
     raise ValueError("config.tree needs a fixed gamma; drop 'auto' from --gammas")
+  peer_paths = peer_pair(config) if _PEER.value else None
   pair = load_pair(config)
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
@@ -246,6 +330,17 @@ def main(argv):
           f"{compile_s:.2f}")
     print_histogram(gamma, res.gamma_histogram)
   phases.done("decode")
+  peer = None
+  if peer_paths is not None:  # one framework's copy of the pair at a time
+    del pair
+    import gc
+    import tempfile
+    import jax
+    jax.clear_caches()
+    gc.collect()
+    with tempfile.TemporaryDirectory() as workdir:
+      peer = peer_table(rows, run_peer(peer_paths, prompts, config, workdir))
+    phases.done("peer")
   print(phases.line())
   if _OUT.value:
     meta = dict(config=config.to_dict(), target_call_ms=target_ms, c=c,
@@ -253,8 +348,8 @@ def main(argv):
     meta["prompt_set"] = prompt_set
     if auto:  # the table gamma 'auto' chose from: --config.costs=<this file> replays it
       meta["auto_cost_table"] = dict(gamma_max=auto["gamma_max"], **auto["costs"].to_dict())
-    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows),
-                      default=str)
+    atomic_write_json(_OUT.value, dict(stamp=machine_stamp(), meta=meta, rows=rows,
+                                       peer=peer), default=str)
 
 
 if __name__ == "__main__":

@@ -180,16 +180,22 @@ def check_model_name(name: str, *, role: str) -> None:
         return
   if name == "smollm2" and role in ("tokenizer", "target"):
     return
+  from specdec_jax.io import wheel_parts
+  if name in wheel_parts.QWEN_NAMES:  # assembled by `make qwen`, never at load time
+    wheel_parts.qwen_path(name)
+    return
   if name.endswith(".gguf"):
     _existing_file(name, "GGUF file")
     with open(name, "rb") as f:
       if f.read(4) != b"GGUF":
         raise ValueError(f"{name!r} is not a GGUF file (no GGUF magic)")
     return
-  forms = {"tokenizer": "'bytes', 'smollm2' or a .gguf path",
-           "target": "'smollm2', a .gguf path, 'hf:<dir>', 'saved:<dir>' or 'random_tiny'",
-           "draft": "'none', 'saved:<dir>', 'truncate:<k>', 'random', a .gguf path or "
-                    "'<kind>:<n>' of a registered kind"}[role]
+  qwen = ", ".join(repr(n) for n in sorted(wheel_parts.QWEN_NAMES))
+  forms = {"tokenizer": f"'bytes', 'smollm2', {qwen} or a .gguf path",
+           "target": f"'smollm2', {qwen}, a .gguf path, 'hf:<dir>', 'saved:<dir>' or "
+                     f"'random_tiny'",
+           "draft": f"'none', 'saved:<dir>', 'truncate:<k>', 'random', {qwen}, a .gguf path "
+                    f"or '<kind>:<n>' of a registered kind"}[role]
   raise ValueError(f"unknown {role} {name!r}: expected {forms}")
 
 
@@ -234,8 +240,7 @@ def _check_distributed(value, config):
 def _check_prompt_set(value, config):
   if not value:
     return
-  _existing_file(value, "prompt set")
-  from specdec_jax.bench.prompt_sets import load_prompt_set
+  from specdec_jax.bench.prompt_sets import load_prompt_set  # 'FILE.json[:domain,...]'
   load_prompt_set(value)
 
 

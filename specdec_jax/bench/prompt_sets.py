@@ -61,7 +61,18 @@ def resolve_path(path: str | os.PathLike) -> pathlib.Path:
 
 
 def load_prompt_set(path: str | os.PathLike) -> list[Prompt]:
-  """The prompts of a set file; ValueError naming the offending file, prompt and field."""
+  """The prompts of a set file; ValueError naming the offending file, prompt and field.
+  'FILE.json:code,chat' keeps the prompts of those domains, in file order."""
+  text = os.fspath(path)
+  name, sep, wanted = text.rpartition(":")
+  if sep and name.endswith(".json") and wanted and not resolve_path(text).exists():
+    domains = [d.strip() for d in wanted.split(",")]
+    prompts = load_prompt_set(name)
+    unknown = sorted(set(domains) - {p.domain for p in prompts})
+    if unknown or "" in domains:
+      raise ValueError(f"prompt set {name!r} has no domain {unknown or ['']}; it has "
+                       f"{sorted({p.domain for p in prompts})}")
+    return [p for p in prompts if p.domain in domains]
   p = resolve_path(path)
   if not p.is_file():
     raise ValueError(f"prompt set {os.fspath(path)!r} does not exist")
