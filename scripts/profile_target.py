@@ -27,7 +27,8 @@ from specdec_jax.bench import studies, timing
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.io.gguf import load_gguf, smollm2_path
-from specdec_jax.models.model import forward, init_cache, unstack_layers
+from specdec_jax.models.layouts import unstack_layers
+from specdec_jax.models.model import forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.decoding.loop import autoregressive_generate
 from specdec_jax.decoding.spec import DecodeSpec

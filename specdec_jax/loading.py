@@ -223,7 +223,7 @@ def load_models(config, drafts) -> Models:
   """The one loader of every script: tokenizer, target and the (name, spec) drafts of a run
   config, each model checked against the tokenizer's vocabulary; per-layer params when
   config.unstacked."""
-  from specdec_jax.models.model import unstack_layers
+  from specdec_jax.models.layouts import serving_layout
   names = [name for name, _ in drafts]
   if len(set(names)) != len(names):
     raise ValueError(f"drafts need unique names, got {names}")
@@ -240,10 +240,10 @@ def load_models(config, drafts) -> Models:
                              dims=config.draft_model, seed=config.seed,
                              feature_draft=config.get("feature_draft", None))
     if params is not None:
-      params = as_jax(unstack_layers(params) if unstacked else params)
+      params = as_jax(serving_layout(params) if unstacked else params)
     loaded[name] = (spec, cfg, params)
   if unstacked:
-    target_params = unstack_layers(target_params)
+    target_params = serving_layout(target_params)
   return Models(tokenizer, target_cfg, as_jax(target_params), loaded)
 
 

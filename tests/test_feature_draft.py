@@ -19,8 +19,8 @@ from specdec_jax import distill
 from specdec_jax.distill import feature_cache as fc
 from specdec_jax.drafts.feature import FeatureDraft
 from specdec_jax.io import checkpoint as ckpt_lib
-from specdec_jax.models.model import (forward, init_cache, init_params, unrolled_feature_logits,
-                               unstack_layers)
+from specdec_jax.models.layouts import unstack_layers
+from specdec_jax.models.model import forward, init_cache, init_params, unrolled_feature_logits
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9], [10, 11, 12, 13], [14, 15]]
 

@@ -6,14 +6,8 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_model
-from specdec_jax.models.model import (
-    ModelConfig,
-    forward,
-    init_cache,
-    param_shapes,
-    stack_layers,
-    unstack_layers,
-)
+from specdec_jax.models.layouts import serving_layout, stack_layers, unstack_layers
+from specdec_jax.models.model import ModelConfig, forward, init_cache, param_shapes
 
 
 def test_unstacked_layout_gives_the_same_logits_and_cache():
@@ -30,6 +24,28 @@ def test_unstacked_layout_gives_the_same_logits_and_cache():
   back = stack_layers(unstacked)
   assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda x, y: bool((x == y).all()),
                                                        back, params))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_serving_layout_gives_the_same_logits_and_cache(tie):
+  """Output-major matmuls (`layouts.serving_layout`): the same products, for one token
+  and for a verify-sized call, and stack_layers brings the stored layout back exactly."""
+  cfg = tiny_config(layers=2, qkv_bias=True, tie_embeddings=tie)
+  params = tiny_model(cfg, 0, factor=3.0)
+  served = serving_layout(params)
+  assert "q" not in served["layers_0"] and served["layers_0"]["q_t"].shape == (
+      cfg.num_heads * cfg.head_dim, cfg.embed_dim)
+  assert ("head_t" in served) != tie
+  for t in (1, 4):
+    tokens = jax.random.randint(jax.random.PRNGKey(t), (2, t), 0, cfg.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(t), (2, t))
+    a, ca = forward(params, tokens, pos, init_cache(cfg, 2, 8), config=cfg)
+    b, cb = forward(served, tokens, pos, init_cache(cfg, 2, 8), config=cfg)
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(ca["v"], cb["v"], atol=1e-5)
+  back = stack_layers(served, cfg)
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      lambda x, y: bool((np.asarray(x) == np.asarray(y)).all()), back, params))
 
 
 def test_param_shapes_match_init():

@@ -29,6 +29,12 @@ no real query ever attends them once `length` is set to the true prompt length.
 Layers are stacked along a leading L axis (`nn.scan`), so params and caches are
 plain pytrees of arrays that can carry `jax.sharding` shardings.
 
+Serving layout (`layouts.serving_layout`; decoding scripts use it). Stored input-major
+(gate [D,F]), a call over T tokens is x[T,D] @ W; on XLA:CPU that streams W at full
+bandwidth only for T = 1, and T = 4 (a verify call) costs about twice T = 1. Stored
+output-major (`gate_t` [F,D]) and computed as W^T @ x^T, a few tokens cost about one
+(docs/background.md#cpu): the same products in another memory order.
+
 Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
 stream after l_i blocks (0 = the embedding, L = the last block, before the final norm),
 concatenated: [B,T,k*D]. It only gathers values the forward computes anyway.
@@ -224,6 +230,11 @@ class Block(nn.Module):
     b, t, _ = x.shape
 
     def dense(inp, name, shape):  # a 2-D matmul on a param of any rank (a free reshape)
+      if self.has_variable("params", name + "_t"):  # the serving layout [out, in]
+        size = inp.shape[-1]
+        w_t = self.param(name + "_t", init, (functools.reduce(int.__mul__, shape) // size,
+                                             size), dt)
+        return out_major_matmul(inp, w_t)
       w = self.param(name, init, shape, dt)
       return jnp.dot(inp, w.reshape(inp.shape[-1], -1))
 
@@ -323,7 +334,11 @@ class Transformer(nn.Module):
       x = jnp.take_along_axis(x, logits_at[..., None], axis=1)
     x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
     if cfg.tie_embeddings:
-      logits = jnp.einsum("btd,vd->btv", x, embed, preferred_element_type=jnp.float32)
+      logits = out_major_matmul(x, embed).astype(jnp.float32)
+    elif self.has_variable("params", "head_t"):  # the serving layout [V|C, D]
+      head_t = self.param("head_t", nn.initializers.normal(stddev=0.02),
+                          (cfg.head_size, cfg.embed_dim), dt)
+      logits = out_major_matmul(x, head_t).astype(jnp.float32)
     else:
       head = self.param("head", nn.initializers.normal(stddev=0.02),
                         (cfg.embed_dim, cfg.head_size), dt)
@@ -383,25 +398,11 @@ def is_unstacked(params) -> bool:
   return "layers" not in params
 
 
-def unstack_layers(params) -> dict:
-  """Stacked params (`layers` [L,...]) -> per-layer `layers_i` (for the unrolled loop)."""
-  if is_unstacked(params):
-    return params
-  out = {k: v for k, v in params.items() if k != "layers"}
-  num_layers = jax.tree_util.tree_leaves(params["layers"])[0].shape[0]
-  for i in range(num_layers):
-    out[f"layers_{i}"] = jax.tree_util.tree_map(lambda x: x[i], params["layers"])
-  return out
-
-
-def stack_layers(params) -> dict:
-  """The inverse of `unstack_layers`: the layout params are stored and trained in."""
-  if not is_unstacked(params):
-    return params
-  names = sorted((k for k in params if k.startswith("layers_")), key=lambda k: int(k[7:]))
-  out = {k: v for k, v in params.items() if not k.startswith("layers_")}
-  out["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[params[k] for k in names])
-  return out
+def out_major_matmul(x: Array, w_t: Array) -> Array:
+  """x[..., I] @ w_t[O, I].T -> [..., O], computed as w_t @ x^T (module docstring: the
+  serving layout; on XLA:CPU it streams w_t once for a few rows of x)."""
+  flat = x.reshape(-1, x.shape[-1])
+  return jnp.dot(w_t, flat.T).T.reshape(x.shape[:-1] + (w_t.shape[0],))
 
 
 def forward(params, tokens: Array, positions: Array, cache: Cache, *,

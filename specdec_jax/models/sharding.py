@@ -11,6 +11,7 @@ Megatron-style tensor parallelism over 'model', data parallelism over 'data':
   gate/up [D,F]                 column split                        (None, 'model')
   down [F,D]                    row split                           ('model', None)
   embed [V,D], head [D,V]       replicated, or the vocabulary over 'model' (shard_vocab)
+  <name>_t [out,in]             the serving layout: the same splits, transposed
   norms, fuse, in_proj          replicated
   KV cache k/v [L,B,S,K,H]      batch over 'data', kv heads over 'model'
   tokens, lengths, keys [B,..]  batch over 'data'
@@ -45,8 +46,11 @@ _RULES = {
     "q_bias": (_M, None), "k_bias": (_M, None), "v_bias": (_M, None),
     "o": (_M, None, None),
     "gate": (None, _M), "up": (None, _M), "down": (_M, None),
+    # the serving layout (`layouts.serving_layout`): the same splits, [out, in]
+    "q_t": (_M, None), "k_t": (_M, None), "v_t": (_M, None), "o_t": (None, _M),
+    "gate_t": (_M, None), "up_t": (_M, None), "down_t": (None, _M),
 }
-_VOCAB_RULES = {"embed": (_M, None), "head": (None, _M)}
+_VOCAB_RULES = {"embed": (_M, None), "head": (None, _M), "head_t": (_M, None)}
 
 
 def parse_mesh_shape(shape) -> tuple[int, int]:
