@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-all bench results results-measure distill qwen clean
+.PHONY: run test test-all bench results results-measure distill qwen peer clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,15 @@ distill: $(STAMP)
 # docs/qwen_pair.md
 qwen: $(STAMP)
 	$(PY) scripts/fetch_qwen.py
+
+# opt-in: the peer of `scripts/benchmark.py --peer=transformers` (torch, transformers) in
+# its own venv, never the project's (requirements-reference.txt)
+PEER_VENV := .venv-ref
+peer: $(PEER_VENV)/.installed
+$(PEER_VENV)/.installed: requirements-reference.txt
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-reference.txt
+	touch $@
 
 clean:
 	rm -rf $(VENV) .pytest_cache
