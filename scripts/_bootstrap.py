@@ -4,7 +4,7 @@ and `run(main)`: absl's app.run where bad user input exits with one line and sta
 A script that takes --config declares the config fields it reads, as literals:
 
   CONFIG_FAMILY = "run"                       # specdec_jax.config_fields.FAMILIES
-  CONFIG_READS = ("tokenizer", "target", ...)
+  CONFIG_READS = ("tokenizer", "target", ...)  # or "*": every field of the family
 
 and `run(main)` checks the command line and the config against them before main runs
 (`check_config_args`): nothing is loaded or compiled before a bad field is refused.
@@ -22,6 +22,10 @@ if ROOT not in sys.path:
 
 # where gamma 'auto' caches this machine's measured cost tables (tests point it elsewhere)
 COSTS_DIR = os.environ.get("SPECDEC_COSTS_DIR") or os.path.join(ROOT, "runs", "costs")
+# JAX's persistent compilation cache: a second run of a script (another prompt, another
+# seed) loads its decode loops instead of compiling them again. 'off' disables it.
+COMPILE_CACHE = os.environ.get("SPECDEC_COMPILE_CACHE") or os.path.join(ROOT, "runs",
+                                                                        "jax_compile")
 USAGE_ERROR = 2  # the exit status of a run stopped by bad input (as argparse uses)
 _OWN_CODE = tuple(os.path.join(ROOT, d) + os.sep
                   for d in ("specdec_jax", "scripts", "configs", "tools"))
@@ -85,7 +89,11 @@ def declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
           node.targets[0].id in ("CONFIG_FAMILY", "CONFIG_READS"):
         found[node.targets[0].id] = ast.literal_eval(node.value)
     if found:
-      out[os.path.basename(path)] = (found["CONFIG_FAMILY"], tuple(found["CONFIG_READS"]))
+      family, reads = found["CONFIG_FAMILY"], found["CONFIG_READS"]
+      if reads == "*":  # every field of the family
+        from specdec_jax.config_fields import FAMILIES
+        reads = tuple(FAMILIES[family])
+      out[os.path.basename(path)] = (family, tuple(reads))
   return out
 
 
@@ -190,6 +198,9 @@ def run(main):
 
   declared = getattr(sys.modules["__main__"], "CONFIG_READS", None)
   family = getattr(sys.modules["__main__"], "CONFIG_FAMILY", None)
+  if declared == "*":
+    from specdec_jax.config_fields import FAMILIES
+    declared = tuple(FAMILIES[family])
   script = os.path.basename(sys.argv[0]) if sys.argv else "script"
   try:
     problem = check_path_flags(sys.argv[1:])
@@ -202,6 +213,10 @@ def run(main):
   if problem:
     print(f"error: {one_line(problem)}", file=sys.stderr, flush=True)
     sys.exit(USAGE_ERROR)
+  if COMPILE_CACHE != "off":
+    import jax
+    jax.config.update("jax_compilation_cache_dir", COMPILE_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
   def checked(argv):
     if declared is not None and "config" in flags.FLAGS and flags.FLAGS["config"].value:

@@ -20,14 +20,7 @@ from specdec_jax.io.atomic import atomic_write_json, atomic_write_text
 from specdec_jax.io.machine import machine_stamp
 
 CONFIG_FAMILY = "distill"  # the config fields this script reads (scripts/_bootstrap.py)
-CONFIG_READS = (
-    "tokenizer", "target", "seed", "mesh", "distributed", "chat", "target_model", "draft",
-    "lr", "warmup", "steps", "batch_size", "eval_batch_size", "eval_windows", "seq_len",
-    "temperature", "greedy_temperature", "clip", "weight_decay", "unroll",
-    "on_policy_fraction", "prompt_len", "checkpoint_every", "keep", "eval_every", "log_every",
-    "heldout_fraction", "feature_cache_windows", "eval_depth", "stop_after", "draft_init",
-    "loss", "corpora", "split_seed", "cache_dir", "pretrain", "stdlib_max_chars"
-)
+CONFIG_READS = "*"
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/distill_*.py file.",
                                           lock_config=False)
 _WORKDIR = flags.DEFINE_string("workdir", None, "One sub-folder per run goes here.")

@@ -23,14 +23,7 @@ from ml_collections import config_flags
 from specdec_jax.bench import sweep, sweep_tables
 
 CONFIG_FAMILY = "sweep"  # the config fields this script reads (scripts/_bootstrap.py)
-CONFIG_READS = (
-    "tokenizer", "target", "target_model", "seed", "mesh", "distributed", "chat", "prompts",
-    "top_k", "top_p", "verifier", "dtype", "unstacked", "max_seq_len", "draft_model",
-    "prompt_set", "repeats", "drafts", "prompt_source", "num_prompts", "prompt_tokens",
-    "heldout_fraction", "split_seed", "gammas", "temperatures", "max_new_tokens",
-    "stop_at_eos", "grid_batch", "cost_repeats", "batch_sizes", "batch_draft", "batch_gamma",
-    "batch_temperature", "plots"
-)
+CONFIG_READS = "*"
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/sweep_*.py file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "output directory")

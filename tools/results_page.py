@@ -100,6 +100,17 @@ _HELDOUT = benchmark(
     "speedup is the geometric mean over prompts and α the mean, each with its 95% Student-t "
     "interval over prompts.", "heldout_smollm2")
 _T1 = ("--config.temperature=1",)
+_QWEN = Section(
+    "qwen-heldout", "heldout_qwen25_coder_t0.json", "prompt_set",
+    "Qwen2.5-Coder 1.5B with its 0.5B sibling on held-out prose, chat and code, greedy",
+    "The 18 prose, chat and code prompts of configs/prompts/heldout.json, each alone at batch "
+    "1, 48 new tokens: our speculative decoding (the independent 0.5B GGUF draft, fixed γ, "
+    "block verification) against our autoregressive decoding, interleaved in one process "
+    "(compile excluded, one timed call each), then transformers' plain and assisted "
+    "generation on the same pair, token ids and settings in the same run, after ours freed "
+    "its copy of the models. Opt-in: `make qwen peer` first (docs/qwen_pair.md).",
+    made_by="python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py "
+            f"--peer=transformers --out={RESULTS_DIR}/heldout_qwen25_coder_t0.json")
 
 SECTIONS = (
     _FRESH_CLONE,
@@ -119,6 +130,16 @@ SECTIONS = (
     variant(_HELDOUT, "t1", _HELDOUT.title.replace("greedy", "temperature 1"),
             "As above, sampling at temperature 1: one sample per prompt, so each prompt's "
             "acceptance is noisy; the intervals over prompts say how much.", *_T1),
+    _QWEN,
+    dataclasses.replace(
+        _QWEN, anchor="qwen-heldout-code-t1", path="heldout_qwen25_coder_code_t1.json",
+        title=_QWEN.title.replace("prose, chat and code, greedy",
+                                  "code, temperature 1"),
+        about="As above on the 6 code prompts alone, sampling at temperature 1 (ours and the "
+              "peer's), one sample per prompt and sampler.",
+        made_by=_QWEN.made_by.replace(
+            "--peer", "--config.prompt_set=configs/prompts/heldout.json:code "
+            "--config.temperature=1 --peer").replace("_t0.json", "_code_t1.json")),
     Section("gamma-rules", "gamma_rules.json", "gamma_rules",
             "Rules for choosing γ, replayed on the held-out set (greedy)",
             "At T = 0 the text does not depend on γ, so one greedy decode per held-out prompt "

@@ -111,7 +111,26 @@ def prompt_set_table(doc: dict) -> list[str]:
     hist = histogram_line(r.get("gamma_histogram"))
     lines += ["", hist] if hist else []
     lines += ["", *per_prompt_table(prompts)] if prompts else []
+  lines += peer_lines(doc.get("peer"))
   return lines
+
+
+def peer_lines(peer: dict | None) -> list[str]:
+  """`benchmark.py --peer` figures: ours against the peer's plain and assisted generation
+  on the same pair, prompts and settings (geometric means over prompts, tokens/s)."""
+  if not peer:
+    return []
+  v = peer.get("versions", {})
+  rows = [[f"γ {r.get('gamma', '?')}", num(r.get("ours_ar"), ".2f"), num(r.get("ours_sd"), ".2f"),
+           num(r.get("peer_plain"), ".2f"), num(r.get("peer_assisted"), ".2f"),
+           num(r.get("sd_over_assisted"), ".2f") + "x", num(r.get("ar_over_plain"), ".2f") + "x"]
+          for r in peer.get("rows", [])]
+  return ["", f"Against transformers {v.get('transformers', '?')} (torch {v.get('torch', '?')}, "
+          f"{v.get('threads', '?')} threads) on the same GGUF pair, token ids and settings, "
+          f"timed after ours in the same run (`--peer=transformers`); tokens/s, geometric "
+          f"means over prompts:", "",
+          *table(["ours", "AR", "speculative", "transformers plain", "transformers assisted",
+                  "ours spec. / assisted", "ours AR / plain"], rows)]
 
 
 def prompt_set_headline(title: str, doc: dict) -> list[tuple[str, str]]:
