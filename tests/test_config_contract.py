@@ -233,3 +233,22 @@ def test_every_refusal_through_the_real_command_line(tmp_path):
       problems.append(f"{script} {argv[-1]}: exit {proc.returncode}, {len(lines)} lines, "
                       f"{seconds:.1f} s: {proc.stderr[-300:]!r}")
   assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("draft", [["--config.draft=ngram:3"],
+                                   ["--config.draft=hybrid:3",
+                                    "--config.feature_draft=truncate:1"]])
+def test_lookup_drafts_decode_with_gamma_auto_from_an_empty_cost_cache(tmp_path, draft):
+  """'ngram:<n>' and 'hybrid:<n>' with gamma 'auto' measure their table into an empty
+  cache and decode; greedy, the text equals plain decoding's."""
+  common = ["--config=configs/tiny.py", "--prompt=abcabcabc", "--config.batch_size=1",
+            "--config.temperature=0", "--config.max_new_tokens=16", "--json"]
+  env = {"SPECDEC_COSTS_DIR": str(tmp_path / "costs")}
+  proc, _ = _script("generate.py", *common, *draft, "--config.gamma=auto", env=env,
+                    timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  spec = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert spec["cost_table"] is not None or spec["mode"] == "autoregressive"
+  plain, _ = _script("generate.py", *common, "--config.draft=none", env=env, timeout=300)
+  assert plain.returncode == 0, plain.stderr[-3000:]
+  assert spec["tokens"] == json.loads(plain.stdout.strip().splitlines()[-1])["tokens"]

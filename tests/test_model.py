@@ -26,11 +26,14 @@ def test_unstacked_layout_gives_the_same_logits_and_cache():
                                                        back, params))
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_serving_layout_gives_the_same_logits_and_cache(tie):
+@pytest.mark.parametrize("tie,subset", [(True, False), (False, False), (False, True)])
+def test_serving_layout_gives_the_same_logits_and_cache(tie, subset):
   """Output-major matmuls (`layouts.serving_layout`): the same products, for one token
-  and for a verify-sized call, and stack_layers brings the stored layout back exactly."""
+  and for a verify-sized call, with a tied, untied or vocabulary-subset head; and
+  stack_layers brings the stored layout back exactly."""
   cfg = tiny_config(layers=2, qkv_bias=True, tie_embeddings=tie)
+  if subset:
+    cfg = cfg.replace(head_tokens=tuple(range(0, cfg.vocab_size, 3)))
   params = tiny_model(cfg, 0, factor=3.0)
   served = serving_layout(params)
   assert "q" not in served["layers_0"] and served["layers_0"]["q_t"].shape == (

@@ -335,14 +335,15 @@ class Transformer(nn.Module):
     x = RMSNorm(cfg.norm_eps, dt, name="final_norm")(x)
     if cfg.tie_embeddings:
       logits = out_major_matmul(x, embed).astype(jnp.float32)
-    elif self.has_variable("params", "head_t"):  # the serving layout [V|C, D]
-      head_t = self.param("head_t", nn.initializers.normal(stddev=0.02),
-                          (cfg.head_size, cfg.embed_dim), dt)
-      logits = out_major_matmul(x, head_t).astype(jnp.float32)
     else:
-      head = self.param("head", nn.initializers.normal(stddev=0.02),
-                        (cfg.embed_dim, cfg.head_size), dt)
-      logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
+      if self.has_variable("params", "head_t"):  # the serving layout [V|C, D]
+        head_t = self.param("head_t", nn.initializers.normal(stddev=0.02),
+                            (cfg.head_size, cfg.embed_dim), dt)
+        logits = out_major_matmul(x, head_t).astype(jnp.float32)
+      else:
+        head = self.param("head", nn.initializers.normal(stddev=0.02),
+                          (cfg.embed_dim, cfg.head_size), dt)
+        logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
       if cfg.head_tokens and full_vocab:
         full = jnp.full(logits.shape[:-1] + (cfg.vocab_size,), -jnp.inf, logits.dtype)
         logits = full.at[..., jnp.asarray(cfg.head_tokens, jnp.int32)].set(logits)
@@ -399,8 +400,7 @@ def is_unstacked(params) -> bool:
 
 
 def out_major_matmul(x: Array, w_t: Array) -> Array:
-  """x[..., I] @ w_t[O, I].T -> [..., O], computed as w_t @ x^T (module docstring: the
-  serving layout; on XLA:CPU it streams w_t once for a few rows of x)."""
+  """x[..., I] @ w_t[O, I].T -> [..., O] as w_t @ x^T (the serving layout: module docstring)."""
   flat = x.reshape(-1, x.shape[-1])
   return jnp.dot(w_t, flat.T).T.reshape(x.shape[:-1] + (w_t.shape[0],))
 
