@@ -235,9 +235,10 @@ def test_every_refusal_through_the_real_command_line(tmp_path):
   assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("draft", [["--config.draft=ngram:3"],
-                                   ["--config.draft=hybrid:3",
-                                    "--config.feature_draft=truncate:1"]])
+@pytest.mark.parametrize("draft", [
+    ["--config.draft=ngram:3"],
+    pytest.param(["--config.draft=hybrid:3", "--config.feature_draft=truncate:1"],
+                 marks=pytest.mark.slow)])  # in make test: tests/test_hybrid.py in process
 def test_lookup_drafts_decode_with_gamma_auto_from_an_empty_cost_cache(tmp_path, draft):
   """'ngram:<n>' and 'hybrid:<n>' with gamma 'auto' measure their table into an empty
   cache and decode; greedy, the text equals plain decoding's."""
