@@ -147,14 +147,9 @@ def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   from specdec_jax import config_fields
 
   given = given_fields(argv)
-  fields = config_fields.FAMILIES[family]
-  for name in given:  # before parsing: a typo is named as such, not as a parse failure
-    if name not in fields:
-      raise ValueError(f"unknown config field {name!r}: no {family} script reads it")
-    if name not in reads:
-      who = readers(family, name)
-      raise ValueError(f"{script} does not read config.{name}"
-                       + (f"; scripts that do: {', '.join(who)}" if who else ""))
+  # before parsing: a typo is named as such, not as a parse failure
+  config_fields.check_given(given, family=family, reads=reads, script=script,
+                            readers=lambda name: readers(family, name))
   config = load_config_args(argv)
   if config is None:
     return

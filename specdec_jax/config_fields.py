@@ -249,11 +249,8 @@ def _check_costs(value, config):
     return
   _existing_file(value, "cost table")
   from specdec_jax.gamma.machine_costs import load_pinned_table
-  table = load_pinned_table(value)
   gamma_max = config.get("gamma_max", None)
-  if _is_int(gamma_max) and table.max_gamma < gamma_max:
-    raise ValueError(f"{value!r} holds step costs up to gamma {table.max_gamma}, below "
-                     f"gamma_max {gamma_max}")
+  load_pinned_table(value, gamma_max=gamma_max if _is_int(gamma_max) else None)
 
 
 def _check_max_new_tokens(value, config):
@@ -438,6 +435,19 @@ FAMILIES: dict[str, dict[str, Field]] = {"run": RUN, "distill": _distill_family(
                                          "sweep": _sweep_family()}
 
 
+def check_given(given, *, family: str, reads, script: str = "this script",
+                readers: Callable[[str], list[str]] = lambda name: []) -> None:
+  """Raises ValueError (one line) for a field set on the command line that no script of
+  the family reads (a typo) or that `script` does not read (naming the ones that do)."""
+  for name in given:
+    if name not in FAMILIES[family]:
+      raise ValueError(f"unknown config field {name!r}: no {family} script reads it")
+    if name not in reads:
+      who = readers(name)
+      raise ValueError(f"{script} does not read config.{name}" +
+                       (f"; scripts that do: {', '.join(who)}" if who else ""))
+
+
 def check_config(config: Mapping, *, family: str, reads, given=(), script: str = "this script",
                  readers: Callable[[str], list[str]] = lambda name: []) -> None:
   """Raises ValueError (one line) for the first field of `config` that breaks the contract
@@ -445,13 +455,7 @@ def check_config(config: Mapping, *, family: str, reads, given=(), script: str =
   on the command line; readers(name): the scripts of the family that read `name`."""
   fields = FAMILIES[family]
   reads = set(reads)
-  for name in given:
-    if name not in fields:
-      raise ValueError(f"unknown config field {name!r}: no {family} script reads it")
-    if name not in reads:
-      who = readers(name)
-      raise ValueError(f"{script} does not read config.{name}" +
-                       (f"; scripts that do: {', '.join(who)}" if who else ""))
+  check_given(given, family=family, reads=reads, script=script, readers=readers)
   for name in config:
     if name not in fields:
       raise ValueError(f"unknown config field {name!r}: no {family} script reads it "

@@ -247,12 +247,12 @@ def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
   return table, True
 
 
-def load_pinned_table(path: str | os.PathLike) -> CostTable:
+def load_pinned_table(path: str | os.PathLike, gamma_max: int | None = None) -> CostTable:
   """A cost table pinned by a file (config.costs): a cached table of runs/costs/, or a
   result that recorded the table its gamma 'auto' chose from (a JSON object holding it
   under 'cost_table', or under meta.auto_cost_table as the benchmark writes it). With
   a pinned table, gamma 'auto' chooses the same γ on any machine: the same seed gives
-  the same tokens."""
+  the same tokens. gamma_max: refuse a table that stops below it."""
   try:
     stored = json.loads(pathlib.Path(path).read_text())
   except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -270,9 +270,13 @@ def load_pinned_table(path: str | os.PathLike) -> CostTable:
     raise ValueError(f"{os.fspath(path)!r} holds no cost table (step_costs or c and "
                      f"verify_costs; a result file of a gamma 'auto' run holds one)")
   try:
-    return CostTable.from_dict(stored)
+    table = CostTable.from_dict(stored)
   except ValueError as exc:
     raise ValueError(f"cost table {os.fspath(path)!r}: {str(exc).splitlines()[0]}") from None
+  if gamma_max is not None and table.max_gamma < gamma_max:
+    raise ValueError(f"cost table {os.fspath(path)!r} holds step costs up to gamma "
+                     f"{table.max_gamma}, below gamma_max {gamma_max}")
+  return table
 
 
 def run_table(config, pair, *, gamma_max: int, directory: str | os.PathLike,
@@ -282,10 +286,7 @@ def run_table(config, pair, *, gamma_max: int, directory: str | os.PathLike,
   machine's (`table_for`, measured once and cached)."""
   pinned = str(config.get("costs", "") or "")
   if pinned:
-    table = load_pinned_table(pinned)
-    if table.max_gamma < gamma_max:
-      raise ValueError(f"config.costs {pinned!r} holds step costs up to gamma "
-                       f"{table.max_gamma}, below gamma_max {gamma_max}")
+    table = load_pinned_table(pinned, gamma_max=gamma_max)
     log(f"gamma auto: the cost table pinned by {pinned}")
     return table
   return table_for(pair, gamma_max=gamma_max, directory=directory, batch=batch, run=run,
