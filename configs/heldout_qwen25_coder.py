@@ -4,8 +4,9 @@ against transformers' plain and assisted generation on the same pair (batch 1).
   make qwen peer      # the pair (once) and the peer's venv (requirements-reference.txt)
   PYTHONPATH=. .venv/bin/python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py \
       --peer=transformers --out=docs/results/heldout_qwen25_coder_t0.json
-  PYTHONPATH=. .venv/bin/python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py \
-      --config.temperature=1 --peer=transformers --out=docs/results/heldout_qwen25_coder_t1.json
+
+docs/results.md names the command of every variant measured (temperature 1, batch 4 with
+--config.batch_size=4, a token tree, γ 'auto') beside its table.
 
 The 18 prompts of configs/prompts/heldout.json's prose, chat and code domains (chat through
 the ChatML template with Qwen's default system message), each alone: our autoregressive and

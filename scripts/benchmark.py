@@ -22,7 +22,8 @@ once into runs/costs/; `specdec_jax.gamma.machine_costs`) it also prints, and wr
 JSON rows as gamma_histogram, how many steps chose each γ.
 
 With --config.prompt_set (a JSON file, `specdec_jax.bench.prompt_sets`; '' = the config's own
-prompts), every prompt of the set runs alone at batch 1, timed side by side as above,
+prompts), every prompt of the set runs alone, as a batch of --config.batch_size copies of
+itself (at T > 0 each row samples its own text), timed side by side as above,
 and each γ prints one line per prompt and a table per domain and overall: speedup as
 the geometric mean over prompts with the 95% Student-t interval of the mean log-ratio,
 α and acceptance as means over prompts with 95% Student-t intervals
@@ -62,7 +63,7 @@ _VERIFIERS = flags.DEFINE_list("verifiers", None,
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 _PEER = flags.DEFINE_enum("peer", "", ["", "transformers"],
                           "also time this peer's plain and assisted generation on the same "
-                          "GGUF pair, prompts and settings, after ours (batch 1)")
+                          "GGUF pair, prompts and settings, after ours (batch 1 only)")
 _PEER_PYTHON = flags.DEFINE_string("peer_python", ".venv-ref/bin/python",
                                    "the python of the peer's venv (make peer)")
 
@@ -113,11 +114,12 @@ def print_histogram(gamma, histogram: dict) -> None:
 
 def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: str, c: float,
                    v: dict, auto: dict) -> dict:
-  """Every prompt of a set alone at batch 1; prints its lines and the per-domain table."""
+  """Every prompt of a set alone (config.batch_size copies of it); prints its lines and the
+  per-domain table."""
   res = studies.side_by_side_per_prompt(
       pair.target, pair.draft, prompts, domains=[r.domain for r in records],
       ids=[r.id for r in records], spec=run_spec(pair, config, gamma, verifier, auto),
-      seed=config.seed, repeats=config.repeats)
+      seed=config.seed, repeats=config.repeats, copies=int(config.batch_size))
   for record, p in zip(records, res["prompts"]):
     p["chat"] = record.chat
   print(f"gamma {gamma}  verifier {verifier}")
@@ -181,8 +183,9 @@ def peer_pair(config) -> tuple[str, str]:
   if None in paths:
     raise ValueError(f"--peer needs GGUF target and draft models, got target "
                      f"{config.target!r}, draft {draft!r}")
-  if int(config.batch_size) != 1 and not config.prompt_set:
-    raise ValueError("--peer times batch 1: pass --config.batch_size=1 or a prompt set")
+  if int(config.batch_size) != 1:
+    raise ValueError(f"--peer times batch 1 (transformers' assisted generation decodes one "
+                     f"row), got config.batch_size={int(config.batch_size)}")
   return paths[0], paths[1]
 
 
@@ -257,7 +260,8 @@ def main(argv):
   if pair.draft_config is None:
     raise ValueError("benchmark needs a draft: set --config.draft")
   prompts = prompt_sets.encode(pair.tokenizer, records) if records else pair.prompts
-  batch = 1 if records else len(prompts)  # a prompt set runs prompt by prompt
+  # a prompt set runs prompt by prompt, each as a batch of batch_size copies
+  batch = int(config.batch_size) if records else len(prompts)
   phases.done("load")
   auto = {}
   if "auto" in gammas:
@@ -294,7 +298,7 @@ def main(argv):
         f"T={pair.sampling.temperature} top_k={pair.sampling.top_k} top_p={pair.sampling.top_p}"
         f"  max_new_tokens {config.max_new_tokens}  seed {config.seed}  "
         f"verifiers {','.join(verifiers)}"
-        + (f"  prompt set {prompt_set} ({len(records)} prompts, batch 1)" if records else ""))
+        + (f"  prompt set {prompt_set} ({len(records)} prompts, each alone)" if records else ""))
   if widest:
     print(f"target call {target_ms:.2f} ms  c = {c:.3f}  v(k) = "
           + " ".join(f"{k}:{x:.2f}" for k, x in v.items()))

@@ -177,14 +177,15 @@ def tiny_set(tmp_path_factory):
 
 def test_benchmark_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
   """scripts/benchmark.py on the tiny random pair over the 4-prompt set: per-prompt rows,
-  per-domain and overall summaries in the JSON."""
+  per-domain and overall summaries in the JSON; --config.batch_size runs each prompt as a
+  batch of that many copies of itself."""
   path, prompts = tiny_set
   out = tmp_path / "bench.json"
   env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run(
       [sys.executable, str(REPO / "scripts" / "benchmark.py"), "--config=configs/tiny.py",
        f"--config.prompt_set={path}", "--config.max_new_tokens=6", "--config.repeats=1",
-       "--gammas=1",
+       "--config.batch_size=2", "--gammas=1",
        f"--out={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "scripture" not in proc.stdout and "prose" in proc.stdout
@@ -193,9 +194,9 @@ def test_benchmark_reports_per_domain_over_a_prompt_set(tmp_path, tiny_set):
   (row,) = doc["rows"]  # one gamma, one verifier
   assert [p["id"] for p in row["prompts"]] == [p["id"] for p in prompts]
   for p in row["prompts"]:
-    assert p["batch"] == 1 and p["speedup"] > 0 and 0 <= p["alpha"] <= 1
+    assert p["batch"] == 2 and p["speedup"] > 0 and 0 <= p["alpha"] <= 1
     assert p["chat"] == (p["id"] == "code-1")
-    assert p["tokens"] == 6
+    assert p["tokens"] == 2 * 6
   assert [d["domain"] for d in row["domains"]] == ["prose", "code", "all"]
   for d in row["domains"]:
     for name in ("speedup", "alpha", "acceptance"):

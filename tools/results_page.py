@@ -112,6 +112,20 @@ _QWEN = Section(
     made_by="python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py "
             f"--peer=transformers --out={RESULTS_DIR}/heldout_qwen25_coder_t0.json")
 
+
+
+def qwen_variant(suffix: str, title: str, about: str, flags: str) -> Section:
+  """The Qwen held-out run again with `flags` (before --out), into
+  heldout_qwen25_coder_<suffix>.json, anchor qwen-heldout-<suffix>; the peer only where
+  flags name it."""
+  return dataclasses.replace(
+      _QWEN, anchor=f"qwen-heldout-{suffix.replace('_', '-')}",
+      path=f"heldout_qwen25_coder_{suffix}.json",
+      title=_QWEN.title.replace("prose, chat and code, greedy", title), about=about,
+      made_by=("python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py "
+               f"{flags} --out={RESULTS_DIR}/heldout_qwen25_coder_{suffix}.json"))
+
+
 SECTIONS = (
     _FRESH_CLONE,
     variant(_FRESH_CLONE, "cpu2", _FRESH_CLONE.title + CPU2,
@@ -140,6 +154,39 @@ SECTIONS = (
         made_by=_QWEN.made_by.replace(
             "--peer", "--config.prompt_set=configs/prompts/heldout.json:code "
             "--config.temperature=1 --peer").replace("_t0.json", "_code_t1.json")),
+    qwen_variant(
+        "prose_chat_t1", "prose and chat, temperature 1",
+        "As above on the 12 prose and chat prompts, sampling at temperature 1 (ours and the "
+        "peer's), one sample per prompt and sampler; with the code run above it covers the "
+        "18 prompts at T = 1.",
+        "--config.prompt_set=configs/prompts/heldout.json:prose,chat --config.temperature=1 "
+        "--peer=transformers"),
+    qwen_variant(
+        "t0_auto", "prose, chat and code, greedy, γ auto",
+        "The 18 prompts at batch 1 with γ 'auto': each step each row takes the γ in "
+        "0..gamma_max that its acceptance estimate and this pair's step costs s(γ) favour "
+        "(γ = 0 is a plain target step), from the cost table measured on this machine at "
+        "the start of the run (recorded in the file: `--config.costs=<file>` replays it).",
+        "--config.gamma=auto"),
+    qwen_variant(
+        "t0_batch4", "prose, chat and code, greedy, batch 4",
+        "The 18 prompts, each alone as a batch of 4 copies of itself (`--config.batch_size=4`):"
+        " every target call verifies 4 rows, so the verify call is 4 times as wide as at "
+        "batch 1. Ours only: transformers' assisted generation decodes one row.",
+        "--config.batch_size=4"),
+    qwen_variant(
+        "t1_batch4", "prose, chat and code, temperature 1, batch 4",
+        "As the batch 4 run above, sampling at temperature 1: the 4 copies of a prompt "
+        "sample their own texts.",
+        "--config.batch_size=4 --config.temperature=1"),
+    qwen_variant(
+        "t0_tree", "prose, chat and code, greedy, token tree",
+        "The 18 prompts at batch 1 with token trees instead of chains: the 0.5B drafts the "
+        "tree `2,1,1` (its 2 most likely first tokens, then one chain of 2 below each, 6 "
+        "nodes, rule 'topk') and the target verifies all 6 nodes and the pending token in "
+        "one call of 7. The predicted speedup divides the measured tokens per step by 3 "
+        "draft calls (D c) and this target's measured v(7).",
+        "--config.tree=2,1,1 --config.tree_rule=topk"),
     Section("gamma-rules", "gamma_rules.json", "gamma_rules",
             "Rules for choosing γ, replayed on the held-out set (greedy)",
             "At T = 0 the text does not depend on γ, so one greedy decode per held-out prompt "

@@ -31,13 +31,16 @@ def prompt_set_settings(doc: dict) -> str:
   gamma = config.get("gamma", "–")
   if gamma == "auto" and config.get("gamma_max") is not None:
     gamma = f"auto (at most {config['gamma_max']})"
+  if config.get("tree"):  # a tree row drafts token trees instead of γ-token chains
+    gamma = f"– (token tree `{config['tree']}`, rule `{config.get('tree_rule', '?')}`)"
   prompts = len(doc["rows"][0].get("prompts", [])) if doc.get("rows") else 0
   text = (f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '?')}`, "
           f"temperature {num(config.get('temperature'), 'g')}, γ {gamma}, verifier "
           f"`{config.get('verifier', '?')}`, {config.get('max_new_tokens', '?')} new tokens, "
           f"seed {config.get('seed', '?')}, median of {config.get('repeats', '?')}; prompt set "
           f"`{meta.get('prompt_set') or config.get('prompt_set', '?')}` ({prompts} prompts, "
-          "each alone at batch 1).")
+          f"each alone at batch {config.get('batch_size', 1)}"
+          + (" as copies of itself" if config.get("batch_size", 1) != 1 else "") + ").")
   if meta.get("target_call_ms") is not None:
     text += f" One target call {meta['target_call_ms']:.2f} ms;"
   text += f" draft cost c = {num(meta.get('c'), '.3f')}"
@@ -96,9 +99,11 @@ def per_prompt_table(prompts: list[dict]) -> list[str]:
 def prompt_set_table(doc: dict) -> list[str]:
   """Settings, then per γ and verifier: the per-domain table, the γ histogram, every prompt."""
   lines = [prompt_set_settings(doc)]
+  tree = doc["meta"].get("config", {}).get("tree")
   for r in doc["rows"]:
     prompts = r.get("prompts", [])
-    lines += ["", f"γ {r.get('gamma', '?')}, verifier `{r.get('verifier', '?')}`; predicted "
+    label = f"token tree `{tree}`" if tree else f"γ {r.get('gamma', '?')}"
+    lines += ["", f"{label}, verifier `{r.get('verifier', '?')}`; predicted "
               f"speedup {num(r.get('predicted_speedup'), '.2f')}x.", ""]
     rows = []
     for d in r.get("domains", []):

@@ -192,10 +192,12 @@ def prompt_bucket(tokens: int) -> int:
 
 
 def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, ids=None,
-                            **kw) -> dict:
-  """`side_by_side` on each prompt alone (batch 1), then a summary per domain and overall.
+                            copies: int = 1, **kw) -> dict:
+  """`side_by_side` on each prompt alone, then a summary per domain and overall.
 
   prompts [P] token-id lists; domains [P] and ids [P] (default '0'..'P-1') label them;
+  copies: each prompt runs as a batch of that many copies of itself (rows sample their own
+  text at T > 0; tok/s counts every row's tokens);
   kw as `side_by_side` (spec, seed, repeats). Returns dict(prompts=[one
   dict per prompt: id, domain, prompt_tokens, tokens and the SideBySide fields],
   domains=`prompt_sets.domain_summary` rows: speedup as a geometric mean with the
@@ -213,7 +215,7 @@ def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, id
   order = sorted(range(len(prompts)), key=lambda i: (widths[i], i))
   rows = [None] * len(prompts)
   for at, i in enumerate(order):
-    res, out = side_by_side(target, draft, [prompts[i]], return_results=True,
+    res, out = side_by_side(target, draft, [prompts[i]] * copies, return_results=True,
                             prompt_width=widths[i], **kw)
     rows[i] = dict(id=ids[i], domain=domains[i], prompt_tokens=len(prompts[i]),
                    prompt_width=widths[i], tokens=int(out.lengths.sum()), **res.to_dict())
