@@ -175,18 +175,20 @@ SECTIONS = (
         "batch 1. Ours only: transformers' assisted generation decodes one row.",
         "--config.batch_size=4"),
     qwen_variant(
-        "t1_batch4", "prose, chat and code, temperature 1, batch 4",
-        "As the batch 4 run above, sampling at temperature 1: the 4 copies of a prompt "
-        "sample their own texts.",
-        "--config.batch_size=4 --config.temperature=1"),
+        "code_t1_batch4", "code, temperature 1, batch 4",
+        "As the batch 4 run above on the 6 code prompts, sampling at temperature 1: the 4 "
+        "copies of a prompt sample their own texts.",
+        "--config.prompt_set=configs/prompts/heldout.json:code --config.batch_size=4 "
+        "--config.temperature=1"),
     qwen_variant(
-        "t0_tree", "prose, chat and code, greedy, token tree",
-        "The 18 prompts at batch 1 with token trees instead of chains: the 0.5B drafts the "
+        "code_t0_tree", "code, greedy, token tree",
+        "The 6 code prompts at batch 1 with token trees instead of chains: the 0.5B drafts the "
         "tree `2,1,1` (its 2 most likely first tokens, then one chain of 2 below each, 6 "
         "nodes, rule 'topk') and the target verifies all 6 nodes and the pending token in "
-        "one call of 7. The predicted speedup divides the measured tokens per step by 3 "
-        "draft calls (D c) and this target's measured v(7).",
-        "--config.tree=2,1,1 --config.tree_rule=topk"),
+        "one call of 7. The predicted speedup divides the measured tokens per step by D c + "
+        "v(7), with D = 3 and this target's measured v(7).",
+        "--config.prompt_set=configs/prompts/heldout.json:code --config.tree=2,1,1 "
+        "--config.tree_rule=topk"),
     Section("gamma-rules", "gamma_rules.json", "gamma_rules",
             "Rules for choosing γ, replayed on the held-out set (greedy)",
             "At T = 0 the text does not depend on γ, so one greedy decode per held-out prompt "
