@@ -175,12 +175,6 @@ SECTIONS = (
         "batch 1. Ours only: transformers' assisted generation decodes one row.",
         "--config.batch_size=4"),
     qwen_variant(
-        "code_t1_batch4", "code, temperature 1, batch 4",
-        "As the batch 4 run above on the 6 code prompts, sampling at temperature 1: the 4 "
-        "copies of a prompt sample their own texts.",
-        "--config.prompt_set=configs/prompts/heldout.json:code --config.batch_size=4 "
-        "--config.temperature=1"),
-    qwen_variant(
         "code_t0_tree", "code, greedy, token tree",
         "The 6 code prompts at batch 1 with token trees instead of chains: the 0.5B drafts the "
         "tree `2,1,1` (its 2 most likely first tokens, then one chain of 2 below each, 6 "
