@@ -133,8 +133,14 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
   alpha = res["domains"][-1]["alpha"]  # the mean over all prompts
   histogram = merged_histogram(p["gamma_histogram"] for p in res["prompts"])
   print_histogram(gamma, histogram)
-  pred = (auto_predicted_speedup(alpha, histogram, auto["costs"]) if gamma == "auto"
-          else predicted_speedup(alpha, histogram, c, v))
+  tree = parse_tree(config.get("tree", ""))
+  if tree is not None:  # a tree's α reads 0: predict from its tokens per step
+    pred = tree_predicted_speedup(
+        float(np.mean([p["tokens_per_step"] for p in res["prompts"]])), tree, c, v)
+  elif gamma == "auto":
+    pred = auto_predicted_speedup(alpha, histogram, auto["costs"])
+  else:
+    pred = predicted_speedup(alpha, histogram, c, v)
   return dict(gamma=gamma, verifier=verifier, c=c,
               v=None if gamma == "auto" else v[gamma + 1], gamma_histogram=histogram,
               predicted_speedup=pred, **res)
@@ -153,6 +159,12 @@ class Phases:
 
   def line(self) -> str:
     return "phases (wall s): " + "  ".join(f"{k} {v:.1f}" for k, v in self.seconds.items())
+
+
+def tree_predicted_speedup(tokens_per_step: float, tree, c: float, v: dict) -> float:
+  """A tree row's prediction: measured tokens per target call over the cost of its D draft
+  calls and one target call over N + 1 tokens, D c + v(N+1)."""
+  return tokens_per_step / (tree.max_depth * c + v[tree.call_nodes + 1])
 
 
 def auto_predicted_speedup(alpha: float, histogram: dict, table) -> float:
@@ -316,8 +328,8 @@ def main(argv):
     res = studies.side_by_side(pair.target, pair.draft, pair.prompts, spec=spec,
                                seed=config.seed, repeats=config.repeats)
     fixed_gamma = gamma != "auto"
-    if tree is not None:  # measured tokens per call over (D draft calls + v(N+1))
-      pred = res.tokens_per_step / (tree.max_depth * c + v[tree.call_nodes + 1])
+    if tree is not None:
+      pred = tree_predicted_speedup(res.tokens_per_step, tree, c, v)
     elif fixed_gamma:
       pred = predicted_speedup(res.alpha, res.gamma_histogram, c, v)
     else:
