@@ -147,9 +147,11 @@ def prompt_set_headline(title: str, doc: dict) -> list[tuple[str, str]]:
       overall = r["domains"][-1]
     value = "no prompts"
     if overall is not None:
+      tree = doc.get("meta", {}).get("config", {}).get("tree")  # a tree records no α
       value = (f"{with_interval(overall, 'speedup', '.2f', 'x')} over "
                f"{overall.get('prompts', '?')} prompts, "
-               f"α {with_interval(overall, 'alpha', '.3f')}")
+               + (f"acceptance {with_interval(overall, 'acceptance', '.3f')}" if tree
+                  else f"α {with_interval(overall, 'alpha', '.3f')}"))
       worst = slowest(r.get("prompts", []), ALL)
       if worst is not None:
         value += f"; slowest prompt `{worst.get('id', '?')}` {worst['speedup']:.2f}x"
