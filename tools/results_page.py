@@ -175,6 +175,12 @@ SECTIONS = (
         "batch 1. Ours only: transformers' assisted generation decodes one row.",
         "--config.batch_size=4"),
     qwen_variant(
+        "t1_batch4", "prose, chat and code, temperature 1, batch 4",
+        "The 18 prompts at temperature 1, each alone as a batch of 4 copies of itself: the "
+        "4 rows of a prompt sample 4 texts of their own. Ours only: transformers' assisted "
+        "generation decodes one row.",
+        "--config.batch_size=4 --config.temperature=1"),
+    qwen_variant(
         "code_t0_tree", "code, greedy, token tree",
         "The 6 code prompts at batch 1 with token trees instead of chains: the 0.5B drafts the "
         "tree `2,1,1` (its 2 most likely first tokens, then one chain of 2 below each, 6 "
