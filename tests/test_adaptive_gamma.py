@@ -3,8 +3,8 @@ propose nothing: exactness, greedy equality, batch composition, one compiled loo
 the choice rule, the cost-table cache and bad input.
 
 The whole-sequence tests reuse test_exactness's enumeration (vocabulary 4, 4 new
-tokens, 40,000 rows) with an injected cost table (`LAGGED_SWITCHING`) under which rows
-move between γ = 0 and γ_max = 3 within a sequence. False-failure rate: each chi-square
+tokens, 40,000 rows) with an injected cost table (`SWITCHING`) under which rows move
+between γ = 0 and γ_max = 3 within a sequence. False-failure rate: each chi-square
 case fails for a correct sampler with probability SIGNIFICANCE = 1e-3 (one case in
 `make test`, five more marked slow: at most 0.6% for the file); seeds are fixed, so the
 outcome is deterministic. The naive "correct from p" verifier, the negative control,
@@ -28,7 +28,7 @@ from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfi
 from specdec_jax.bench import studies
 from specdec_jax.decoding import loop, step as decode_step
 from specdec_jax.decoding.spec import make_proposer, prepare
-from specdec_jax.drafts.base import SKIP_LAG
+from specdec_jax.drafts.feature import FEATURE_LAG
 from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.drafts.ngram import NgramDraft
 from specdec_jax.gamma import adaptive, machine_costs
@@ -39,16 +39,15 @@ from test_exactness import ROWS, exact_sequence_probs, sequence_index
 GAMMA_MAX = 3
 # No draft cost and a flat v(k >= 2) = 1.92: γ = 3 is the best γ >= 1 at every α, and it
 # beats a plain step (score 1) iff 1 + α + α² + α³ > 1.92, i.e. α̂ > 0.515. Rows start at
-# the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1 (a draft with a
-# skip lag observes it on its probes only), and back after rejections.
+# the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1, and back
+# after rejections.
 SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.92, 1.92, 1.92))
-# With a draft that skips plain steps (feature, independent) a γ = 0 row observes q_1 only
-# every SKIP_LAG-th plain step, which 4 new tokens never reach, so rows must start drafting
-# to switch: a flat v(k >= 2) = 1.87 makes γ = 3 the best at the prior 0.5 (1 + α + α² + α³
-# > 1.87 iff α̂ > 0.498), and rows whose drafts then show β below that fall back to γ = 0
-# (at T = 1 without top-k the drafts' β stays above it, and no row falls back: the T = 1
-# cases take top-k 2).
-LAGGED_SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.87, 1.87, 1.87))
+# With a feature draft a γ = 0 row observes q_1 only every FEATURE_LAG-th plain step,
+# which 4 new tokens never reach, so rows must start drafting to switch: a flat v(k >= 2) =
+# 1.87 makes γ = 3 the best at the prior 0.5 (1 + α + α² + α³ > 1.87 iff α̂ > 0.498), and
+# rows whose drafts then show β below that fall back to γ = 0 (at T = 1 without top-k this
+# draft's β stays above it, and no row falls back: the T = 1 case takes top-k 2).
+FEATURE_SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.87, 1.87, 1.87))
 # v(k) = 5 for k >= 2: no γ >= 1 pays at any α < 1 (E[tokens] <= 4).
 NOTHING_PAYS = CostTable(c=0.0, verify_costs=(1.0, 5.0, 5.0, 5.0))
 GREEDY = SamplingConfig(temperature=0.0)
@@ -57,18 +56,14 @@ PROMPT = [1, 3, 0]
 
 @pytest.fixture(scope="module")
 def pair():
-  """test_exactness's target (vocabulary 4) with a draft of its shape whose acceptance lies
-  near `LAGGED_SWITCHING`'s threshold (α about 0.43 to 0.58 over the cases), so rows both
-  draft and fall back; with room for the skip lag of gamma='auto': the prompt (3), 4 new
-  tokens, γ_max (3) and `SKIP_LAG` (8) need 18 positions, over its 16."""
-  target, tp, draft, _ = law_pair(4)
-  return (target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32),
-          tiny_model(draft, 15, factor=12.0))
+  """test_exactness's pair (vocabulary 4)."""
+  return law_pair(4)
 
 
 @pytest.fixture(scope="module")
 def feature_pair(pair):
-  """law_feature_pair with the same room."""
+  """law_feature_pair with room for the feature lag of gamma='auto': the prompt (3), 4 new
+  tokens, γ_max (3) and `FEATURE_LAG` (8) need 18 positions, over its 16."""
   target, tp, draft, dp = law_feature_pair(pair)
   return target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32), dp
 
@@ -93,7 +88,7 @@ def greedy_autoregressive(pair, prompts=None, max_new_tokens=12):
                                  spec=DecodeSpec(max_new_tokens, sampling=GREEDY))
 
 
-def auto_sequences(pair, sampling, verifier, seed, costs=LAGGED_SWITCHING, rows=ROWS):
+def auto_sequences(pair, sampling, verifier, seed, costs=SWITCHING, rows=ROWS):
   out = auto_generate(pair, [PROMPT] * rows, costs=costs, max_new_tokens=4, sampling=sampling,
                       verifier=verifier, seed=seed)
   assert (out.lengths == 4).all()
@@ -108,10 +103,10 @@ def assert_switches(out) -> None:
 
 
 AUTO_CASES = [
-    pytest.param(SamplingConfig(temperature=1.0, top_k=2), verify, id="T1k2-token",
+    pytest.param(SamplingConfig(temperature=1.0), verify, id="T1-token",
                  marks=pytest.mark.slow),
     pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), block_verify, id="T0.7p0.9-block"),
-    pytest.param(SamplingConfig(temperature=1.0, top_k=2), block_verify, id="T1k2-block",
+    pytest.param(SamplingConfig(temperature=1.0), block_verify, id="T1-block",
                  marks=pytest.mark.slow),
     pytest.param(SamplingConfig(temperature=0.7, top_p=0.9), verify, id="T0.7p0.9-token",
                  marks=pytest.mark.slow),
@@ -137,7 +132,7 @@ def test_auto_gamma_feature_draft_follows_target_distribution(feature_pair, samp
   """The feature draft's re-read keeps width G+1 at every call width, and γ = 0 steps
   that skip it leave its cache and features those of the emitted tokens."""
   exact = exact_sequence_probs(feature_pair[0], feature_pair[1], sampling)
-  out = auto_sequences(feature_pair, sampling, verifier, seed=8)
+  out = auto_sequences(feature_pair, sampling, verifier, seed=8, costs=FEATURE_SWITCHING)
   assert_switches(out)
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
@@ -154,7 +149,7 @@ def test_nothing_pays_follows_target_distribution(pair):
 
 def test_auto_gamma_negative_control_fails(pair):
   """The naive verifier ("correct from p") under the same switching table is rejected."""
-  sampling = SamplingConfig(temperature=1.0, top_k=2)
+  sampling = SamplingConfig(temperature=1.0)
   exact = exact_sequence_probs(pair[0], pair[1], sampling)
   naive = functools.partial(verify, residual_fn=lambda p, q: p)
   out = auto_sequences(pair, sampling, naive, seed=7)
@@ -247,31 +242,22 @@ def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   assert len(np.unique(first.gammas[first.gammas >= 0])) > 1
 
 
-def draft_length(draft_state) -> int:
-  """Row 0's ℓ_d: the positions its draft state holds (a feature draft's cache or an
-  independent draft's)."""
-  cache = draft_state if isinstance(draft_state, dict) else draft_state.cache
-  return int(cache["length"][0])
-
-
-@pytest.mark.parametrize("kind", ["feature", "model"])
-def test_skipped_draft_catches_up_exactly(greedy_pairs, kind):
-  """Plain steps that skip the draft, then a drafting step, draw the drafts of a state
-  freshly prefilled with the same tokens (β = Σ min(p, q) equal to float rounding, T=1): a
-  feature draft's re-read covers the skipped positions with the target's true features,
-  an independent draft's catch-up call writes them into its cache."""
-  target, tp, draft, dp = greedy_pairs[kind]
+def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
+  """Plain steps that skip the feature draft, then a drafting step, draw the drafts of a
+  state freshly prefilled with the same tokens: its re-read covers the skipped positions
+  with the target's true features (β = Σ min(p, q) equal to float rounding, T=1)."""
+  target, tp, draft, dp = greedy_pairs["feature"]
   sampling = SamplingConfig(temperature=1.0)
   prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS[1:2],
                      auto_spec(SWITCHING, 8, sampling, block_verify), seed=5)
   spec, feature = prepared.spec, prepared.draft
-  assert spec.lag(feature) == SKIP_LAG
+  assert spec.lag(feature) == FEATURE_LAG
   costs = jnp.asarray(prepared.costs)
   step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
                                    draft=feature, spec=spec),
                  static_argnames=("width", "skip_draft"))
   init = functools.partial(loop.init_state_jit, target_config=target, draft=feature,
-                           gamma=GAMMA_MAX, max_new_tokens=8, lag=SKIP_LAG,
+                           gamma=GAMMA_MAX, max_new_tokens=8, lag=FEATURE_LAG,
                            adaptive_gamma=True)
   state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
   assert bool(decode_step.may_skip_draft(state, feature, jnp.zeros(1, jnp.int32)))
@@ -279,7 +265,7 @@ def test_skipped_draft_catches_up_exactly(greedy_pairs, kind):
     state = step(tp, dp, state, costs, width=1, skip_draft=True)
   n = int(state.num_tokens[0])
   # ℓ_d stayed at the prompt
-  assert n == 5 + 3 and draft_length(state.draft_state) == 4
+  assert n == 5 + 3 and int(state.draft_state.cache["length"][0]) == 4
   lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
   fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
   fresh = step(tp, dp, fresh.replace(step=state.step, alpha_estimate=state.alpha_estimate,
@@ -290,12 +276,11 @@ def test_skipped_draft_catches_up_exactly(greedy_pairs, kind):
                                 fresh.tokens[0, :int(fresh.num_tokens[0])])
 
 
-@pytest.mark.parametrize("kind", ["feature", "model"])
-def test_draft_skips_plain_steps_and_probes(greedy_pairs, kind):
-  """Under a table where nothing pays, the rows of a draft with a skip lag take plain
-  steps; the draft runs on every SKIP_LAG-th of them only (its probes observe q_1), and
-  the tokens stay those of greedy autoregressive decoding."""
-  pair = greedy_pairs[kind]
+def test_feature_draft_skips_plain_steps_and_probes(greedy_pairs):
+  """Under a table where nothing pays, a feature draft's rows take plain steps; the draft
+  runs on every FEATURE_LAG-th of them only (its probes observe q_1), and the tokens stay
+  those of greedy autoregressive decoding."""
+  pair = greedy_pairs["feature"]
   out = auto_generate(pair, PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12, sampling=GREEDY)
   ar = greedy_autoregressive(pair)
   np.testing.assert_array_equal(out.tokens, ar.tokens)
@@ -305,7 +290,7 @@ def test_draft_skips_plain_steps_and_probes(greedy_pairs, kind):
                       sampling=SamplingConfig(temperature=1.0))
   ran = np.asarray(out.accept_prob)[:, :12, 0] > 0
   want = np.zeros(12, bool)
-  want[SKIP_LAG - 1::SKIP_LAG] = True
+  want[FEATURE_LAG - 1::FEATURE_LAG] = True
   np.testing.assert_array_equal(ran, np.broadcast_to(want, ran.shape))
 
 

@@ -43,12 +43,6 @@ from specdec_jax.models.sampling import sample
 from specdec_jax.verification.tree_shapes import TreeShape
 
 Array = jax.Array
-# gamma='auto': plain steps (no row proposes) may leave a draft with a skip lag (feature and
-# independent drafts) up to this many positions behind; a row's draft still runs (its
-# probe, which keeps α̂ alive) on every SKIP_LAG-th plain step. The value was chosen by
-# replaying the held-out set's greedy decodes (scripts/gamma_policy_study.py;
-# docs/results.md#gamma-rules).
-SKIP_LAG = 8
 
 
 @flax.struct.dataclass

@@ -16,7 +16,7 @@ The target call returns its features at ℓ..ℓ+k-1; they become `features` and
 so the next re-read covers the n+1 positions accepted, whichever tokens were proposed
 (`follows_emitted`: a hybrid may replace the draft's proposals).
 
-Plain steps may skip the draft (gamma 'auto', `skip_lag` = SKIP_LAG): the cache keeps
+Plain steps may skip the draft (gamma 'auto', `skip_lag` = FEATURE_LAG): the cache keeps
 ℓ_d and the target's features at ℓ join `features` at index ℓ - ℓ_d + 1, so the next
 drafting step's re-read reads true features for every skipped token, as if it had never
 been skipped.
@@ -31,10 +31,15 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import tree_drafting
-from specdec_jax.drafts.base import SKIP_LAG, ModelDraft, sample_rows, with_length
+from specdec_jax.drafts.base import ModelDraft, sample_rows, with_length
 from specdec_jax.models.model import ModelConfig, forward
 
 Array = jax.Array
+# gamma='auto': plain steps (no row proposes) may skip a feature draft for up to this many
+# positions beyond the G+1 its re-read covers; a row's draft still runs (its probe, which
+# keeps α̂ alive) on every FEATURE_LAG-th plain step. The value was chosen by replaying the
+# held-out set's greedy decodes (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
+FEATURE_LAG = 8
 
 
 @flax.struct.dataclass
@@ -60,7 +65,7 @@ class FeatureDraft(ModelDraft):
 
   @property
   def skip_lag(self) -> int:
-    return SKIP_LAG
+    return FEATURE_LAG
 
   @property
   def follows_emitted(self) -> bool:

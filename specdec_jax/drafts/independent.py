@@ -15,15 +15,6 @@ tokens instead of x_1..x_d. The plan says which (`Plan.lookup`; a tree's `lookup
 the draft feeds the row's proposed tokens, not its own, into its cache: its cache then
 holds every token the target sees, and after the rollback exactly the emitted ones
 (`follows_emitted`), whichever source proposed them. Alone (no lookup) it feeds x_i.
-
-Plain steps may skip the draft (gamma 'auto', `skip_lag` = SKIP_LAG = L): its cache keeps
-its length ℓ_d <= ℓ, and the next step that runs the draft first catches up (`catch_up`):
-one cache-only call of width L writes the skipped tokens at positions ℓ_d..ℓ-1 from the
-token buffer, and the chain then starts at the pending token as always. Its slots from ℓ
-on hold whatever the buffer held there; the chain rewrites ℓ..ℓ+d, and no query attends
-a slot above its own position before a later call rewrites it. Steps where no row is
-behind skip the catch-up call (a `lax.cond`); a decode without a skip lag (a fixed γ, a
-tree) never traces it.
 """
 
 from __future__ import annotations
@@ -34,8 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import tree_drafting
-from specdec_jax.drafts.base import (SKIP_LAG, ModelDraft, pending_tokens, sample_rows,
-                                     with_length)
+from specdec_jax.drafts.base import ModelDraft, pending_tokens, sample_rows, with_length
 from specdec_jax.models.model import ModelConfig, check_params, forward
 
 Array = jax.Array
@@ -49,10 +39,6 @@ class IndependentDraft(ModelDraft):
     if not isinstance(self.config, ModelConfig) or self.config.feature_layers:
       raise ValueError(f"an independent draft needs a ModelConfig without feature_layers, "
                        f"got {self.config!r}")
-
-  @property
-  def skip_lag(self) -> int:
-    return SKIP_LAG
 
   @property
   def follows_emitted(self) -> bool:
@@ -70,25 +56,6 @@ class IndependentDraft(ModelDraft):
                        return_logits=False)
     return with_length(cache, prompt_len - 1)
 
-  def catch_up(self, params, state) -> dict:
-    """The draft cache holding every position below ℓ = num_tokens-1 (module docstring):
-    after plain steps that skipped the draft (ℓ_d < ℓ), one cache-only call of width
-    `skip_lag` over positions ℓ_d.. . The state as it is where the decode has no skip lag
-    (`DecodeState.plain_run` is None)."""
-    cache = state.draft_state
-    if state.plain_run is None:
-      return cache
-    base = cache["length"]  # ℓ_d [B]
-
-    def write_skipped(cache):
-      positions = base[:, None] + jnp.arange(self.skip_lag)[None, :]  # [B,L]
-      tokens = jnp.take_along_axis(state.tokens, positions, axis=1)
-      return forward(params, tokens, positions, cache, config=self.config,
-                     return_logits=False)[1]
-
-    return jax.lax.cond(jnp.any(base < state.num_tokens - 1), write_skipped,
-                        lambda cache: cache, cache)
-
   def propose(self, params, target_params, state, keys, *, plan, chosen, warp_fn, greedy,
               vocab_size, shallow=None):
     length = state.num_tokens - 1
@@ -105,7 +72,7 @@ class IndependentDraft(ModelDraft):
       fed = x if proposed is None else jnp.where(found, proposed, x)  # the row's proposal
       return (cache, fed, pos + 1), (x, q)
 
-    cache = with_length(self.catch_up(params, state), length)
+    cache = with_length(state.draft_state, length)
     proposed = None if looked is None else jnp.swapaxes(looked[:, :gamma], 0, 1)
     (cache, last, _), (xs, qs) = jax.lax.scan(
         draft_one, (cache, pending_tokens(state), length), (jnp.swapaxes(keys, 0, 1), proposed))
@@ -114,19 +81,13 @@ class IndependentDraft(ModelDraft):
     return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
 
   def rollback(self, draft_state, *, length, new_length, skipped):
-    if skipped:  # ℓ_d stays: the next step that runs the draft catches up
-      return draft_state
     return with_length(draft_state, new_length)
-
-  def room_to_skip(self, draft_state, length):
-    return length - draft_state["length"] <= self.skip_lag - 1  # ℓ - ℓ_d < L
 
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
                    vocab_size, greedy, lookup=None):
     length = state.num_tokens - 1
     logits, cache = forward(params, pending_tokens(state)[:, None], length[:, None],
-                            with_length(self.catch_up(params, state), length),
-                            config=self.config)
+                            with_length(state.draft_state, length), config=self.config)
 
     def level(x, positions, cache, mask, parents, last, hiddens):
       out = forward(params, x, positions, cache, config=self.config, return_logits=not last,

@@ -31,10 +31,10 @@ Each step row b takes, with src its source this step,
   γ_b = argmax_{γ in 0..G} E(α̂_{b,src}, γ) / s_src(γ),   E(α, γ) = Σ_{j=0..γ} α^j
 (Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ).
 A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so s(0) >= 1: the
-modelled s(0) is 1 + c. A draft with a skip lag (feature, independent) runs on one γ = 0
-step in `SKIP_LAG` only (its probe; `decoding.step`, "Plain steps skip the draft"), so its
-measured s(0) is the mean over that cycle. The choice depends only on the row's past, so
-the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
+modelled s(0) is 1 + c. A feature draft runs on one γ = 0 step in `FEATURE_LAG` only (its
+probe; `speculative`, "Plain steps skip the draft"), so its measured s(0) is the mean over
+that cycle. The choice depends only on the row's past, so the verifiers'
+`num_proposed` rule keeps every emitted token distributed as p.
 """
 
 from __future__ import annotations

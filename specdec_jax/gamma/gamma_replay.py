@@ -34,8 +34,7 @@ import numpy as np
 from specdec_jax.decoding.loop import autoregressive_generate
 from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts import ngram
-from specdec_jax.drafts.base import SKIP_LAG
-from specdec_jax.drafts.feature import FeatureDraft
+from specdec_jax.drafts.feature import FEATURE_LAG, FeatureDraft
 from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.gamma import adaptive
@@ -70,7 +69,7 @@ class Rule:
   prior: tuple[float, float] = adaptive.ALPHA_PRIOR
   weight: float = adaptive.ALPHA_WEIGHT
   by_source: bool = True
-  lag: int = SKIP_LAG
+  lag: int = FEATURE_LAG
   fixed: int | None = None
   oracle: bool = False
 

@@ -10,12 +10,11 @@ propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each 
 median of `repeats` rounds divided by the steps run, the widths and the plain step
 interleaved in each round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a
 disturbed timing of the plain step gives). With a draft that skips plain steps
-(`Draft.skip_lag`, SKIP_LAG for feature and independent drafts), s(0) is the mean over a
-row's probe cycle: SKIP_LAG - 1 steps that skip the draft and one that runs it (and catches
-up on the skipped tokens), the steps of one timed call. With a draft whose
-`cost_sources` include a lookup the same compiled loop also times s_lookup(γ), steps in
-which every row takes the lookup (a context that repeats itself, so every row's lookup
-matches). Given the shapes of the run about to decode
+(`Draft.skip_lag`, FEATURE_LAG for a feature draft), s(0) is the mean over a row's probe
+cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it, the steps of one
+timed call. With a draft whose `cost_sources` include a lookup the same compiled loop also
+times s_lookup(γ), steps in which every row takes the lookup (a context that repeats
+itself, so every row's lookup matches). Given the shapes of the run about to decode
 (`config_proposer`), the table compiles nothing of its own: the loops it times are the
 run's, compiled once for both (docs/results_archive.md#step-timing). The model's c (draft
 step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
@@ -48,7 +47,7 @@ import numpy as np
 
 from specdec_jax.bench import timing
 from specdec_jax.gamma.adaptive import CostTable
-from specdec_jax.drafts.base import SKIP_LAG
+from specdec_jax.drafts.feature import FEATURE_LAG
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.io import machine
 from specdec_jax.io.atomic import atomic_write_json
@@ -79,8 +78,8 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   else:
     # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
     # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
-    # timed call; 8: an independent draft skips plain steps), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=8)
+    # timed call), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=7)
   return key
 
 
@@ -93,10 +92,10 @@ def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
 STEP_REPEATS = 5
 # Loop steps per timed call. A call's fixed cost (entering the compiled loop with its
 # state) is a noticeable fraction of one step, so one step per call overstates s(γ); over
-# SKIP_LAG steps it is small, and the γ = 0 steps of a draft that skips them, timed from a
-# row's last probe, are then one probe cycle (SKIP_LAG - 1 steps that skip the draft, one
-# that runs it). The measurements behind this: docs/results_archive.md#step-timing.
-STEPS_PER_CALL = SKIP_LAG
+# FEATURE_LAG steps it is small, and a feature draft's γ = 0 steps, timed from a row's last
+# probe, are then one probe cycle (FEATURE_LAG - 1 steps that skip the draft, one that runs
+# it). The measurements behind this: docs/results_archive.md#step-timing.
+STEPS_PER_CALL = FEATURE_LAG
 # The generation length the steps are timed under when a caller gives none (it sizes the
 # token buffer and caches of the timed loop, as in a run of that many new tokens).
 MEASURE_NEW_TOKENS = 64
