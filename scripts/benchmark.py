@@ -113,9 +113,9 @@ def print_histogram(gamma, histogram: dict) -> None:
 
 
 def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: str, c: float,
-                   v: dict, auto: dict) -> dict:
+                   v: dict, auto: dict, tree) -> dict:
   """Every prompt of a set alone (config.batch_size copies of it); prints its lines and the
-  per-domain table."""
+  per-domain table. tree: the run's TreeShape (config.tree), or None for chains."""
   res = studies.side_by_side_per_prompt(
       pair.target, pair.draft, prompts, domains=[r.domain for r in records],
       ids=[r.id for r in records], spec=run_spec(pair, config, gamma, verifier, auto),
@@ -133,7 +133,6 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
   alpha = res["domains"][-1]["alpha"]  # the mean over all prompts
   histogram = merged_histogram(p["gamma_histogram"] for p in res["prompts"])
   print_histogram(gamma, histogram)
-  tree = parse_tree(config.get("tree", ""))
   if tree is not None:  # a tree's α reads 0: predict from its tokens per step
     pred = tree_predicted_speedup(
         float(np.mean([p["tokens_per_step"] for p in res["prompts"]])), tree, c, v)
@@ -321,7 +320,8 @@ def main(argv):
     print(" | ".join(header))
   for gamma, verifier in itertools.product(gammas, verifiers):
     if records:
-      rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v, auto))
+      rows.append(prompt_set_row(pair, config, records, prompts, gamma, verifier, c, v, auto,
+                                 tree))
       continue
     spec = run_spec(pair, config, gamma, verifier, auto)
     compile_s = step_compile_seconds(pair, config, spec)

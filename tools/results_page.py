@@ -113,7 +113,6 @@ _QWEN = Section(
             f"--peer=transformers --out={RESULTS_DIR}/heldout_qwen25_coder_t0.json")
 
 
-
 def qwen_variant(suffix: str, title: str, about: str, flags: str) -> Section:
   """The Qwen held-out run again with `flags` (before --out), into
   heldout_qwen25_coder_<suffix>.json, anchor qwen-heldout-<suffix>; the peer only where
@@ -145,15 +144,12 @@ SECTIONS = (
             "As above, sampling at temperature 1: one sample per prompt, so each prompt's "
             "acceptance is noisy; the intervals over prompts say how much.", *_T1),
     _QWEN,
-    dataclasses.replace(
-        _QWEN, anchor="qwen-heldout-code-t1", path="heldout_qwen25_coder_code_t1.json",
-        title=_QWEN.title.replace("prose, chat and code, greedy",
-                                  "code, temperature 1"),
-        about="As above on the 6 code prompts alone, sampling at temperature 1 (ours and the "
-              "peer's), one sample per prompt and sampler.",
-        made_by=_QWEN.made_by.replace(
-            "--peer", "--config.prompt_set=configs/prompts/heldout.json:code "
-            "--config.temperature=1 --peer").replace("_t0.json", "_code_t1.json")),
+    qwen_variant(
+        "code_t1", "code, temperature 1",
+        "As above on the 6 code prompts alone, sampling at temperature 1 (ours and the "
+        "peer's), one sample per prompt and sampler.",
+        "--config.prompt_set=configs/prompts/heldout.json:code --config.temperature=1 "
+        "--peer=transformers"),
     qwen_variant(
         "prose_chat_t1", "prose and chat, temperature 1",
         "As above on the 12 prose and chat prompts, sampling at temperature 1 (ours and the "

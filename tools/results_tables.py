@@ -24,6 +24,11 @@ from tools.results_format import (ALL, commit_short, costs_stamp, machine_groups
 
 # --------------------------------------------------------------------------- prompt sets
 
+def tree_of(doc: dict) -> str | None:
+  """The token tree a prompt-set run drafted (config.tree), or None for chains."""
+  return doc.get("meta", {}).get("config", {}).get("tree") or None
+
+
 def prompt_set_settings(doc: dict) -> str:
   """The settings line: models, sampling, γ, prompt set, the machine's c and v(k)."""
   meta = doc["meta"]
@@ -31,7 +36,7 @@ def prompt_set_settings(doc: dict) -> str:
   gamma = config.get("gamma", "–")
   if gamma == "auto" and config.get("gamma_max") is not None:
     gamma = f"auto (at most {config['gamma_max']})"
-  if config.get("tree"):  # a tree row drafts token trees instead of γ-token chains
+  if tree_of(doc):  # a tree row drafts token trees instead of γ-token chains
     gamma = f"– (token tree `{config['tree']}`, rule `{config.get('tree_rule', '?')}`)"
   prompts = len(doc["rows"][0].get("prompts", [])) if doc.get("rows") else 0
   text = (f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '?')}`, "
@@ -99,7 +104,7 @@ def per_prompt_table(prompts: list[dict]) -> list[str]:
 def prompt_set_table(doc: dict) -> list[str]:
   """Settings, then per γ and verifier: the per-domain table, the γ histogram, every prompt."""
   lines = [prompt_set_settings(doc)]
-  tree = doc["meta"].get("config", {}).get("tree")
+  tree = tree_of(doc)
   for r in doc["rows"]:
     prompts = r.get("prompts", [])
     label = f"token tree `{tree}`" if tree else f"γ {r.get('gamma', '?')}"
@@ -147,7 +152,7 @@ def prompt_set_headline(title: str, doc: dict) -> list[tuple[str, str]]:
       overall = r["domains"][-1]
     value = "no prompts"
     if overall is not None:
-      tree = doc.get("meta", {}).get("config", {}).get("tree")  # a tree records no α
+      tree = tree_of(doc)  # a tree records no α
       value = (f"{with_interval(overall, 'speedup', '.2f', 'x')} over "
                f"{overall.get('prompts', '?')} prompts, "
                + (f"acceptance {with_interval(overall, 'acceptance', '.3f')}" if tree
