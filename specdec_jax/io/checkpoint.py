@@ -13,12 +13,14 @@ next start). Restoring checks `identity` first and raises ValueError naming both
 when the run's draft config, tokenizer or target differ from the checkpoint's.
 
 A finished draft (`save_params` / `load_params`) is a directory with `params/` (orbax)
-and `model.json` (the ModelConfig dict, the tokenizer identity, the params' sha256 and
-free-form extras). A draft meant to be shipped is saved with `params_dtype='float16'`
-(half the bytes): model.json then records that dtype and the sha256 of every file under
-`params/`, and `load_params` restores float16 leaves, checks both hashes and casts the
-params to the config's dtype; a file of another dtype or content than model.json says is
-refused.
+and `model.json` (the ModelConfig dict, the tokenizer identity, the params' sha256, the
+sha256 of every file under `params/` and free-form extras). `load_params` checks the
+files' hashes before orbax reads anything, so a truncated or replaced file is refused with
+one ValueError (orbax's own failure on such a file leaves tensorstore callbacks running
+that report a closed event loop after the error), then checks the restored params' hash.
+A draft meant to be shipped is saved with `params_dtype='float16'` (half the bytes):
+model.json then records that dtype, and `load_params` restores float16 leaves and casts
+them to the config's dtype; a file of another dtype than model.json says is refused.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import hashlib
 import json
 import os
 import pathlib
+import sys
 from typing import Any
 
 import jax
@@ -231,8 +234,8 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
                 params_dtype: str | None = None) -> pathlib.Path:
   """Writes `directory/params` (orbax) and `directory/model.json`; replaces an old save.
 
-  params_dtype ('float16', ...): floating leaves are stored in that dtype, and model.json
-  records it and the sha256 of each stored file (see the module docstring).
+  model.json records the sha256 of each stored file; params_dtype ('float16', ...):
+  floating leaves are stored in that dtype, and model.json records it (module docstring).
   """
   directory = pathlib.Path(directory).absolute()
   if params_dtype is not None:
@@ -249,12 +252,30 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
   if marker.exists():  # there; a saved draft is committed, so it names no machine's path
     marker.write_text("Checkpoint commit was successful.")
   meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
-          "params_sha256": params_checksum(params), "extra": dict(extra or {})}
+          "params_sha256": params_checksum(params), "extra": dict(extra or {}),
+          "files_sha256": files_checksums(directory / "params")}
   if params_dtype is not None:
-    meta |= {"params_dtype": np.dtype(params_dtype).name,
-             "files_sha256": files_checksums(directory / "params")}
+    meta["params_dtype"] = np.dtype(params_dtype).name
   atomic_write_json(directory / _MODEL_JSON, meta)
   return directory
+
+
+def _drop_closed_loop_reports() -> None:
+  """Where orbax restores files no recorded sha256 vouches for (a save older than
+  files_sha256) and fails on a corrupt one, tensorstore callbacks still in flight report
+  RuntimeError('Event loop is closed') through `sys.unraisablehook`, during or after the
+  one-line error: from the restore on, drop exactly those reports (any other goes to the
+  previous hook)."""
+  previous = sys.unraisablehook
+  if getattr(previous, "drops_closed_loop", False):
+    return
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+      previous(unraisable)
+  hook.drops_closed_loop = True
+  sys.unraisablehook = hook
 
 
 def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None = None,
@@ -282,9 +303,9 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
                      f"but this run uses {str(tokenizer_identity)[:16]}...")
   stored = meta.get("params_dtype")
   like = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
-  if stored is not None:  # a shipped (e.g. float16) save: every stored file must be as recorded
+  if stored is not None or "files_sha256" in meta:  # every file must be as recorded
     try:
-      stored = np.dtype(stored)
+      stored = None if stored is None else np.dtype(stored)
       recorded = dict(meta["files_sha256"])
     except (TypeError, KeyError, ValueError) as e:
       raise ValueError(f"{meta_path} records params_dtype {meta.get('params_dtype')!r} "
@@ -293,9 +314,12 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     if found != recorded:
       bad = sorted(k for k in set(found) | set(recorded) if found.get(k) != recorded.get(k))
       raise ValueError(f"{directory / 'params'} differs from {meta_path.name} in {bad[:4]}: "
-                       "the files were changed or replaced after saving")
+                       "the files were truncated, changed or replaced after saving")
+  if stored is not None:
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, stored if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), like)
+  if "files_sha256" not in meta:
+    _drop_closed_loop_reports()
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(directory / "params", like)
