@@ -60,3 +60,21 @@ def test_atomic_write_keeps_the_old_file_when_a_write_fails(tmp_path):
     atomic_write(path, broken)
   assert json.loads(path.read_text()) == {"step": 1}
   assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+@pytest.mark.parametrize("where", ["env", "flag"])
+def test_fetch_qwen_with_an_unwritable_cache_exits_2_with_one_line(tmp_path, where):
+  """`make qwen` with a cache directory that cannot be created: one line before any
+  download."""
+  bad = "/proc/specdec_no_such_dir"
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+  args = [sys.executable, str(REPO / "scripts" / "fetch_qwen.py")]
+  if where == "env":
+    env["SPECDEC_CACHE"] = bad
+  else:
+    args.append(f"--cache_dir={bad}")
+  proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      f"error: cache directory {bad} ({'$SPECDEC_CACHE' if where == 'env' else '--cache_dir'})"
+      " cannot be created: No such file or directory"]

