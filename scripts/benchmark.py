@@ -189,7 +189,8 @@ def peer_pair(config) -> tuple[str, str]:
   if check.returncode:
     raise ValueError(f"--peer_python {python!r} cannot import torch, transformers and gguf: "
                      f"{(check.stderr.strip().splitlines() or ['?'])[-1]}")
-  draft = config.feature_draft if config.draft.startswith("hybrid:") else config.draft
+  from specdec_jax.drafts import registry
+  draft = registry.model_draft_name(config.draft, config.feature_draft)
   paths = [gguf_file(config.target), gguf_file(draft)]
   if None in paths:
     raise ValueError(f"--peer needs GGUF target and draft models, got target "

@@ -57,7 +57,8 @@ def default_draft() -> str:
   """The draft of configs/smollm2_135m.py (what `make run` uses and the page measures)."""
   from configs import smollm2_135m
   config = smollm2_135m.get_config()  # a hybrid's feature draft: what the sweep can load
-  return config.feature_draft if config.draft.startswith("hybrid:") else config.draft
+  from specdec_jax.drafts import registry
+  return registry.model_draft_name(config.draft, config.feature_draft)
 
 
 def check_draft(draft: str, root: pathlib.Path) -> None:

@@ -65,7 +65,8 @@ _RUN_LOOKUP = flags.DEFINE_bool("lookup", True, "also run --lookup_config (step 
 def ensure_draft(config, distill_config) -> None:
   """Distils and saves the config's draft (a hybrid's: its feature draft) if it is a
   missing 'saved:<dir>'."""
-  spec = config.feature_draft if config.draft.startswith("hybrid:") else config.draft
+  from specdec_jax.drafts import registry
+  spec = registry.model_draft_name(config.draft, config.feature_draft)
   if not spec.startswith("saved:"):
     return
   draft_dir = pathlib.Path(spec[len("saved:"):])

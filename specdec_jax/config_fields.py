@@ -32,9 +32,9 @@ from specdec_jax.distill.hyperparameters import RULES as DISTILL_RULES, check_ra
 
 _NO_OFF = object()  # a field with no "off" value: a script that does not read it ignores it
 
-# gamma 'auto' compiles one branch per width 1..gamma_max+1 into the loop's lax.switch,
-# each a whole speculative step: compile time and memory grow with every branch
-# (docs/design.md#config-contract). 16 drafts per step is past any measured useful depth.
+# gamma 'auto' compiles one inner while_loop per call width 1..gamma_max+1 into the decode
+# loop, each holding a whole speculative step: compile time and program size grow with
+# every width (docs/design.md#the-config-contract).
 GAMMA_MAX_LIMIT = 16
 # a fixed γ or a tree compiles one step program of γ+1 (nodes+1) target positions
 TREE_NODES_LIMIT = 64
@@ -316,10 +316,12 @@ def _only_with_tree(config):
   return None if str(config.get("tree", "")).strip() else "no tree is set (config.tree)"
 
 
-def _only_with_hybrid(config):
+def _only_with_wrapping_draft(config):
+  from specdec_jax.drafts import registry
   draft = str(config.get("draft", ""))
-  return None if draft.startswith("hybrid:") else \
-      f"draft {draft!r} is not 'hybrid:<n>' (the feature draft is the hybrid's model draft)"
+  return None if registry.needs_inner(draft) else \
+      f"draft {draft!r} wraps no model draft (config.feature_draft is the model draft " \
+      f"inside a wrapping kind such as 'hybrid:<n>')"
 
 
 def _only_with_random_draft(config):
@@ -348,7 +350,7 @@ RUN = _family({
     "target_model": (("dims",), dict(used=_only_with_random_target)),
     "draft": (("str",), dict(path="model", check=_check_model_name("draft"))),
     "feature_draft": (("str",), dict(path="model", check=lambda v, c: v and _check_model_name("draft")(v, c),
-                                     off="", used=_only_with_hybrid)),
+                                     off="", used=_only_with_wrapping_draft)),
     "draft_model": (("dims",), dict(used=_only_with_random_draft)),
     "dtype": (("str",), dict(check=_choices("float32", "bfloat16", "float16"))),
     "max_seq_len": (("int", 8, SEQ_LEN_LIMIT), {}),

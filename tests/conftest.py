@@ -1,13 +1,11 @@
 """Shared fixtures: tiny random models (CPU, fixed seeds).
 
 The tests compile hundreds of tiny programs and run each for milliseconds, so XLA's
-backend optimisation is turned off for them (about a third off `make test`'s time), and
-fusions are emitted by XLA:CPU's older loop emitters, not its MLIR fusion emitters
-(compiling a tiny decode loop takes 3.5 s instead of 5.6 s; test_speculative.py ran in
-103 s instead of 151 s on a 2-core AMD EPYC with AVX2). Both only change how fast the
-compiled code is, never what it computes; subprocesses inherit them from the
-environment. The scripts keep XLA's defaults: on SmolLM2 the older emitters double the
-compile time.
+backend optimisation is turned off for them, and fusions are emitted by XLA:CPU's older
+loop emitters, not its MLIR fusion emitters, which compile tiny programs faster. Both
+only change how fast the compiled code is and how long it takes to compile, never what
+it computes; subprocesses inherit them from the environment. The scripts keep XLA's
+defaults: on SmolLM2 the older emitters compile more slowly.
 
 Every compiled XLA:CPU program keeps a few memory mappings for its code, and a process
 may hold at most vm.max_map_count (65530 by default) of them: one pytest process that

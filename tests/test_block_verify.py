@@ -397,7 +397,3 @@ def test_block_residual_underflow_falls_back_to_p():
                              [0.0, 1.0])
   np.testing.assert_allclose(block_residual_distribution(p, jnp.zeros(2), 0.3), p, rtol=1e-6)
 
-
-def test_functools_partial_block_verifier_is_hashable():
-  """Verifiers are static arguments of the jitted loops."""
-  hash(functools.partial(block_verify, residual_fn=block_residual_distribution))

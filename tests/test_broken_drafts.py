@@ -257,16 +257,19 @@ def test_broken_draft_negative_control_fails(pair, kind, name):
   assert chi_square_pvalue(sequence_index(out.tokens), exact) < 1e-9
 
 
-GREEDY_FAST = {("nan_params", "block"), ("zero_mass", "token"), ("nan_after_first", "block")}
+# At T = 0 the step verifies with `greedy_verify` (docs/design.md#verifiers): the spec's
+# verifier, and so the q-level breakages (zero_mass, nan_after_first, which wrap it), are
+# never called there. The T = 0 cases are the drafts broken in their params, whose argmax
+# proposals are then garbage; the verifier is not a parameter.
+GREEDY_BROKEN = ("nan_params", "nan_one_layer", "inf_logits")
 
 
-@pytest.mark.parametrize("kind,name", [
-    pytest.param(kind, name, marks=() if (kind, name) in GREEDY_FAST else pytest.mark.slow)
-    for kind in BROKEN for name in sorted(VERIFIERS)])
-def test_greedy_with_broken_draft_equals_autoregressive(pair, kind, name):
+@pytest.mark.parametrize("kind", [
+    pytest.param(kind, marks=() if kind in ("nan_params", "inf_logits") else pytest.mark.slow)
+    for kind in GREEDY_BROKEN])
+def test_greedy_with_broken_draft_equals_autoregressive(pair, kind):
   """T = 0: the speculative tokens equal plain greedy decoding, whatever the draft."""
   case = broken_draft(pair, kind)
-  wrap = case[4]
-  verifier = VERIFIERS[name] if wrap is None else wrap(VERIFIERS[name])
+  assert case[4] is None
   assert_greedy_equals_autoregressive(case[:4], [PROMPT, [2, 0], [3, 3, 1, 2]], gamma=3,
-                                      max_new_tokens=8, verifier=verifier)
+                                      max_new_tokens=8)

@@ -11,6 +11,12 @@ False-failure rate: each law case fails for a correct sampler with probability
 SIGNIFICANCE = 1e-3 over seeds (three cases: at most 0.3% for the file); seeds are fixed,
 so the outcome is deterministic. The negative control, a draft that reports a q other
 than the one it sampled from, must fail the same test at 1e-9.
+
+A new kind that wraps another draft is one file too: `AlternateDraft` (config name
+'alternate', its model draft named by config.feature_draft) subclasses
+`specdec_jax.drafts.base.WrappingDraft` and proposes on even steps only. The registry,
+the loader and the config contract take it with no other change, and it decodes exactly
+(one more law case: at most 0.4% for the file).
 """
 
 import dataclasses
@@ -23,8 +29,12 @@ import pytest
 from helpers import SIGNIFICANCE, chi_square_pvalue, law_of_continuations, law_pair
 from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfig,
                          TreeProposal, autoregressive_generate, speculative_generate)
+from specdec_jax import config_fields
 from specdec_jax.drafts import registry
-from specdec_jax.drafts.base import Draft, TreeChildren, sample_rows, tree_children, tree_levels
+from specdec_jax.drafts.base import (Draft, TreeChildren, WrappingDraft, sample_rows,
+                                     tree_children, tree_levels)
+from specdec_jax.drafts.independent import IndependentDraft
+from specdec_jax.loading import ByteTokenizer, load_draft
 from specdec_jax.gamma.adaptive import CostTable
 from specdec_jax.verification.tree_shapes import parse_tree
 
@@ -132,3 +142,63 @@ def test_negative_control_dishonest_draft_fails(pair):
                              spec=DecodeSpec(NEW, FixedGamma(3), sampling=T1, verifier="token"),
                              seed=7)
   assert chi_square_pvalue(sequence_index(out.tokens), exact) < 1e-9
+
+
+# --------------------------------------------------------------- a wrapping kind
+
+@dataclasses.dataclass(frozen=True)
+class AlternateDraft(WrappingDraft):
+  """Any draft, proposing on even loop steps only (odd steps are plain steps): every other
+  fact and move is the inner draft's."""
+
+  may_propose_nothing = property(lambda self: True)
+
+  def plan(self, state, gamma):
+    plan = self.inner.plan(state, gamma)
+    return plan.replace(proposes=plan.proposes & (state.step % 2 == 0))
+
+
+registry.register("alternate", lambda argument, inner: AlternateDraft(inner), wraps=True)
+
+
+def test_wrapping_kind_is_named_loaded_and_admitted_by_the_config_contract():
+  assert registry.needs_inner("alternate") and not registry.needs_inner("unigram:5")
+  assert registry.model_draft_name("alternate", "truncate:1") == "truncate:1"
+  assert registry.model_draft_name("unigram:5", "truncate:1") == "unigram:5"
+  target, tp, _, _ = law_pair(VOCAB)
+  draft, params = load_draft("alternate", ByteTokenizer(), target, tp,
+                             feature_draft="truncate:1")
+  assert draft == AlternateDraft(IndependentDraft(target.replace(num_layers=1)))
+  assert params is not None
+  used = config_fields.FAMILIES["run"]["feature_draft"].used
+  assert used({"draft": "alternate"}) is None
+  assert "wraps no model draft" in used({"draft": "unigram:5"})
+
+
+@pytest.fixture(scope="module")
+def wrapped_pair():
+  target, tp, draft, dp = law_pair(VOCAB)
+  return Model(target, tp), Model(registry.make("alternate", IndependentDraft(draft)), dp)
+
+
+def test_wrapping_kind_greedy_equals_autoregressive(wrapped_pair):
+  target, draft = wrapped_pair
+  prompts = [PROMPT, [2, 2, 1, 0], [0]]
+  greedy = SamplingConfig(temperature=0.0)
+  plain = autoregressive_generate(target, prompts, spec=DecodeSpec(7, sampling=greedy))
+  out = speculative_generate(target, draft, prompts,
+                             spec=DecodeSpec(7, FixedGamma(3), sampling=greedy))
+  np.testing.assert_array_equal(out.tokens, plain.tokens)
+  gammas = np.asarray(out.gammas)
+  live = gammas >= 0
+  assert (gammas[:, 1::2][live[:, 1::2]] == 0).all()  # odd steps propose nothing
+  assert (gammas[:, ::2][live[:, ::2]] == 3).all()
+
+
+def test_wrapping_kind_sequences_follow_target_distribution(wrapped_pair):
+  target, draft = wrapped_pair
+  exact = law_of_continuations(target.config, target.params, T1, PROMPT, VOCAB, NEW)
+  out = speculative_generate(target, draft, [PROMPT] * ROWS,
+                             spec=DecodeSpec(NEW, FixedGamma(3), sampling=T1), seed=7)
+  assert (out.lengths == NEW).all()
+  assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE

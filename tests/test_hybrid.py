@@ -105,7 +105,7 @@ def test_hybrid_sequences_follow_target_distribution(hybrid_pair, sampling, veri
   exact = exact_sequence_probs(hybrid_pair[0], hybrid_pair[1], sampling)
   out = sample_sequences(hybrid_pair, 3, sampling, verifier=verifier, seed=7)
   looked, drafted = branch_counts([PROMPT] * len(out.lengths), out, hybrid_pair[2])
-  assert min(looked, drafted) > 0.1 * (looked + drafted)  # measured 17% / 83% at T=1
+  assert min(looked, drafted) > 0.1 * (looked + drafted)  # both branches taken often
   assert 0.2 < out.alpha() < 0.95
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
@@ -194,9 +194,9 @@ def generate(pair, prompts=PROMPTS, gamma=3, max_new_tokens=16, **kw):
   return speculative(pair, prompts, gamma=gamma, max_new_tokens=max_new_tokens, **kw)
 
 
-@pytest.mark.parametrize("verifier", [pytest.param("token", marks=pytest.mark.slow), "block"])
-def test_greedy_hybrid_equals_greedy_autoregressive(greedy_pair, verifier):
-  sp = assert_greedy_equals_autoregressive(greedy_pair, PROMPTS, verifier=verifier)
+def test_greedy_hybrid_equals_greedy_autoregressive(greedy_pair):
+  """T=0 (the step verifies greedily, whatever the spec's verifier)."""
+  sp = assert_greedy_equals_autoregressive(greedy_pair, PROMPTS)
   looked, drafted = branch_counts(PROMPTS, sp, greedy_pair[2])
   assert looked > 0 and drafted > 0
 

@@ -87,7 +87,9 @@ def test_bad_config(change, match):
 def test_vocabulary_subset_head():
   """Head columns land on their token ids; every other token gets logit -inf."""
   cfg = tiny_config(tie_embeddings=False, head_tokens=[3, 5, 30])  # a JSON list is accepted
-  assert cfg.head_tokens == (3, 5, 30) and cfg.head_size == 3 and hash(cfg)
+  assert cfg.head_tokens == (3, 5, 30) and cfg.head_size == 3
+  same = tiny_config(tie_embeddings=False, head_tokens=(3, 5, 30))
+  assert cfg == same and hash(cfg) == hash(same)  # one jit static, however it was given
   params = tiny_model(cfg, 0)
   assert params["head"].shape == (cfg.embed_dim, 3)
   tokens, positions = jnp.array([[1, 2]]), jnp.arange(2)[None]

@@ -88,17 +88,18 @@ def test_ngram_negative_control_fails(ngram_pair):
   assert_naive_verifier_fails(ngram_pair, seed=6)
 
 
-@pytest.mark.parametrize("verifier", ["token", "block"])
-def test_greedy_ngram_equals_greedy_autoregressive(verifier):
-  """T=0: identical tokens to plain greedy decoding, with many drafts accepted (a tiny
-  random model's greedy text falls into loops, which the lookup then predicts)."""
+def test_greedy_ngram_equals_greedy_autoregressive():
+  """T=0: identical tokens to plain greedy decoding; every row accepts drafts and some
+  step a whole block (a tiny random model's greedy text falls into loops, which the
+  lookup then predicts). The verifier is not a parameter: at T=0 the step verifies with
+  `greedy_verify`."""
   target = tiny_config(vocab=32, layers=2, width=32, max_seq_len=128)
   pair = (target, tiny_model(target, 3), NgramDraft(3), None)
   prompts = [[1, 2, 3, 4, 1, 2, 3], [7, 7, 7], [5, 9, 11, 30, 2]]
   for gamma in (1, 4):
-    out = assert_greedy_equals_autoregressive(pair, prompts, gamma=gamma, max_new_tokens=60,
-                                              verifier=verifier)
-    assert out.tokens_per_step() > 1.2  # measured 1.22 at γ=1, 1.32 at γ=4
+    out = assert_greedy_equals_autoregressive(pair, prompts, gamma=gamma, max_new_tokens=60)
+    accepted = np.asarray(out.accepted)
+    assert (accepted > 0).any(axis=1).all() and (accepted == gamma).any()
 
 
 def test_ngram_draft_names_and_errors():

@@ -12,7 +12,7 @@ from specdec_jax import loading
 from specdec_jax.io import checkpoint as ckpt_lib
 
 SHIPPED = pathlib.Path(__file__).resolve().parents[1] / "drafts" / "smollm2_feature_v1"
-pytestmark = [  # loads SmolLM2 and compiles its decode loops (17 s on 2 cores)
+pytestmark = [  # loads SmolLM2 and compiles its decode loops
     pytest.mark.skipif(not (SHIPPED / "model.json").exists(),
                        reason=f"no shipped draft at {SHIPPED.name} (make distill)"),
 ]

@@ -203,7 +203,7 @@ def test_float16_files_other_than_model_json_says_are_refused(feature_pair, tmp_
     ckpt_lib.load_params(good)
 
 
-@pytest.mark.slow  # ~1 min: the whole pipeline of `make distill` at test scale
+@pytest.mark.slow  # the whole pipeline of `make distill` at test scale
 def test_make_distill_pipeline_at_tiny_scale(tmp_path):
   """configs/distill_feature_shipped.py:tiny through scripts/distill.py (chat corpus,
   stdlib, Bible, Shakespeare; per-corpus α per depth) and scripts/export_draft.py."""

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import SIGNIFICANCE, chi_square_pvalue
+from helpers import (SIGNIFICANCE, assert_greedy_equals_autoregressive, chi_square_pvalue,
+                     law_pair, speculative)
+from specdec_jax import SamplingConfig
 from specdec_jax.models.sampling import warp
 from specdec_jax.verification.verify import (acceptance_probability, block_verify, greedy_verify,
                                 residual_distribution, verify)
@@ -165,9 +167,25 @@ def test_residual_underflow_falls_back_to_p():
   np.testing.assert_array_equal(residual_distribution(p, p), p)
 
 
-def test_functools_partial_verifier_is_hashable():
-  """Verifiers are static arguments of the jitted loops."""
-  hash(functools.partial(verify, residual_fn=residual_distribution))
+@pytest.mark.parametrize("verifier", [verify, block_verify])
+def test_the_step_calls_the_specs_verifier_at_t1_and_greedy_verify_at_t0(verifier):
+  """At T = 1 the verifier given as a function is the one the step calls: the same
+  function under another name gives the named verifier's tokens, and the naive residual
+  other ones. At T = 0 the step verifies with `greedy_verify` and never calls it (a
+  verifier that raises when called still gives greedy decoding's tokens)."""
+  pair = law_pair()
+  prompts = [[1, 3, 0]] * 64
+  def run(verifier, temperature=1.0):
+    return speculative(pair, prompts, gamma=3, max_new_tokens=4, seed=3, verifier=verifier,
+                       sampling=SamplingConfig(temperature=temperature)).tokens
+  named = "token" if verifier is verify else "block"
+  np.testing.assert_array_equal(run(lambda *a, **k: verifier(*a, **k)), run(named))
+  naive = functools.partial(verifier, residual_fn=lambda p, q, *w: p)
+  assert (run(naive) != run(named)).any()
+
+  def never(*args, **kwargs):
+    raise AssertionError("the spec's verifier was called at T = 0")
+  assert_greedy_equals_autoregressive(pair, prompts[:2], max_new_tokens=4, verifier=never)
 
 
 # --------------------------------------------------------------- greedy (temperature 0)

@@ -207,5 +207,5 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
 speculative_step = jax.jit(speculative_step_fn, static_argnames=(
     "target_config", "draft", "spec", "width", "skip_draft"))
 speculative_step.__doc__ = ("Jitted `speculative_step_fn`: (target_params, draft_params, state, "
-                            "costs=None, *, target_config, draft, spec) -> state.")
-autoregressive_step = jax.jit(autoregressive_step_fn, static_argnames=("target_config", "spec"))
+                            "costs=None, plan=None, *, target_config, draft, spec, width=None, "
+                            "skip_draft=False) -> state; width and skip_draft are static.")

@@ -37,19 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.io import token_data
 from specdec_jax.distill.divergences import training_temperature
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 
 _ARRAYS = ("tokens", "features", "target_logp", "target_argmax")
-
-
-def corpus_windows(tokens: np.ndarray, num: int, seq_len: int, seed: int) -> np.ndarray:
-  """int32 [num, seq_len]: distinct non-overlapping spans of `tokens`, in random order
-  (`token_data.Mixture.windows` of one corpus)."""
-  return token_data.corpus_spans(tokens, num, seq_len, [seed, 7],
-                                 "the training corpus (feature_cache_windows)")
 
 
 @functools.partial(jax.jit, static_argnames=("target_config", "layers", "temperature"))

@@ -219,6 +219,55 @@ class ModelDraft(Draft):
     return self.config
 
 
+@dataclasses.dataclass(frozen=True)
+class WrappingDraft(Draft):
+  """A draft kind around another draft, `inner` (its params are the wrapper's): every fact
+  and move is the inner draft's until the subclass overrides it. A wrapping kind is one
+  such subclass, registered with `registry.register(..., wraps=True)`; configs name its
+  inner model draft in `config.feature_draft` (`registry.model_draft_name`)."""
+
+  inner: Draft
+
+  vocab_size = property(lambda self: self.inner.vocab_size)
+  max_seq_len = property(lambda self: self.inner.max_seq_len)
+  model_config = property(lambda self: self.inner.model_config)
+  target_layers = property(lambda self: self.inner.target_layers)
+  may_propose_nothing = property(lambda self: self.inner.may_propose_nothing)
+  skip_lag = property(lambda self: self.inner.skip_lag)
+  follows_emitted = property(lambda self: self.inner.follows_emitted)
+  cost_sources = property(lambda self: self.inner.cost_sources)
+
+  def check(self, params, target_config) -> None:
+    self.inner.check(params, target_config)
+
+  def check_tree(self, shape, rule, vocab_size) -> None:
+    self.inner.check_tree(shape, rule, vocab_size)
+
+  def prefill(self, params, target_params, tokens, positions, prompt_len, **kw):
+    return self.inner.prefill(params, target_params, tokens, positions, prompt_len, **kw)
+
+  def plan(self, state, gamma):
+    return self.inner.plan(state, gamma)
+
+  def propose(self, params, target_params, state, keys, **kw):
+    return self.inner.propose(params, target_params, state, keys, **kw)
+
+  def observe_target(self, draft_state, target_features, **kw):
+    return self.inner.observe_target(draft_state, target_features, **kw)
+
+  def rollback(self, draft_state, **kw):
+    return self.inner.rollback(draft_state, **kw)
+
+  def room_to_skip(self, draft_state, length):
+    return self.inner.room_to_skip(draft_state, length)
+
+  def propose_tree(self, params, target_params, state, keys, **kw):
+    return self.inner.propose_tree(params, target_params, state, keys, **kw)
+
+  def advance_tree(self, draft_state, **kw):
+    return self.inner.advance_tree(draft_state, **kw)
+
+
 class TreeChildren(NamedTuple):
   """What `tree_children` needs of the positions drafted so far."""
 

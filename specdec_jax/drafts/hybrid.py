@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import ngram
-from specdec_jax.drafts.base import DRAFT, LOOKUP, Draft, Plan
+from specdec_jax.drafts.base import DRAFT, LOOKUP, Draft, Plan, WrappingDraft
 from specdec_jax.drafts.feature import FeatureDraft
 from specdec_jax.drafts.independent import IndependentDraft
 from specdec_jax.models.model import ModelConfig
@@ -41,12 +41,11 @@ Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridDraft(Draft):
+class HybridDraft(WrappingDraft):
   """Prompt lookup of min_n..max_n trailing tokens over `inner` (its params are the
   hybrid's). A ModelConfig as inner is taken as its model draft: a FeatureDraft with
   feature_layers, else an IndependentDraft."""
 
-  inner: Draft
   min_n: int = 3
   max_n: int = 3
 
@@ -87,23 +86,15 @@ class HybridDraft(Draft):
                        f"{name!r}") from None
     return n
 
-  vocab_size = property(lambda self: self.inner.vocab_size)
-  max_seq_len = property(lambda self: self.inner.max_seq_len)
-  model_config = property(lambda self: self.inner.model_config)  # it runs every step
-  target_layers = property(lambda self: self.inner.target_layers)
-  skip_lag = property(lambda self: self.inner.skip_lag)
+  # the inner draft runs every step (its model_config is what c times); facts and moves
+  # not defined here are the inner draft's (`WrappingDraft`)
+  may_propose_nothing = property(lambda self: False)
   follows_emitted = property(lambda self: True)
   cost_sources = property(lambda self: ("draft", "lookup"))
-
-  def check(self, params, target_config) -> None:
-    self.inner.check(params, target_config)
 
   def check_tree(self, shape, rule, vocab_size) -> None:
     ngram.check_lookup_tree(shape, rule)
     self.inner.check_tree(shape, rule, vocab_size)
-
-  def prefill(self, params, target_params, tokens, positions, prompt_len, **kw):
-    return self.inner.prefill(params, target_params, tokens, positions, prompt_len, **kw)
 
   def plan(self, state, gamma):
     looked = ngram.lookup(state.tokens, state.num_tokens, min_n=self.min_n, max_n=self.max_n,
@@ -123,21 +114,9 @@ class HybridDraft(Draft):
     return (jnp.where(found[:, None], looked, xs),
             jnp.where(found[:, None, None], one_hot, qs), draft_state)
 
-  def observe_target(self, draft_state, target_features, **kw):
-    return self.inner.observe_target(draft_state, target_features, **kw)
-
-  def rollback(self, draft_state, **kw):
-    return self.inner.rollback(draft_state, **kw)
-
-  def room_to_skip(self, draft_state, length):
-    return self.inner.room_to_skip(draft_state, length)
-
   def propose_tree(self, params, target_params, state, keys, **kw):
     looked, found = ngram.lookup_tree(state, shape=kw["shape"], min_n=self.min_n,
                                       max_n=self.max_n)
     nodes, q_at, draft_state, scores = self.inner.propose_tree(
         params, target_params, state, keys, lookup=(looked, found), **kw)
     return jnp.where(found[:, None], looked, nodes), q_at, draft_state, scores
-
-  def advance_tree(self, draft_state, **kw):
-    return self.inner.advance_tree(draft_state, **kw)

@@ -7,7 +7,10 @@ registers its constructor once:
 
     registry.register("mine", lambda argument, inner: MyDraft(...))
 
-`inner` is the draft a wrapping kind wraps (a hybrid's), or None.
+`inner` is the draft a wrapping kind wraps (a hybrid's), or None. A wrapping kind
+(`base.WrappingDraft`, registered with wraps=True) is built around the model draft that
+`config.feature_draft` names; nothing outside `drafts/` tests a name's kind: scripts ask
+`wraps` and `model_draft_name`.
 """
 
 from __future__ import annotations
@@ -53,8 +56,16 @@ def is_registered(name: str) -> bool:
 
 
 def needs_inner(name: str) -> bool:
-  """True if the named kind wraps another draft (a hybrid)."""
-  return _KINDS[kind_of(name)][1]
+  """True if `name` is of a registered kind that wraps another draft (a hybrid); False
+  for every other name (a model draft's, 'none', an unknown one)."""
+  kind = kind_of(name)
+  return kind in _KINDS and _KINDS[kind][1]
+
+
+def model_draft_name(draft: str, feature_draft: str) -> str:
+  """The name of the model draft a config loads: a wrapping kind's inner model draft
+  (`config.feature_draft`) where `draft` wraps one, else `draft` itself."""
+  return feature_draft if needs_inner(draft) else draft
 
 
 def make(name: str, inner: Draft | None = None) -> Draft:

@@ -32,7 +32,7 @@ Each step row b takes, with src its source this step,
 (Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ).
 A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so s(0) >= 1: the
 modelled s(0) is 1 + c. A feature draft runs on one γ = 0 step in `FEATURE_LAG` only (its
-probe; `speculative`, "Plain steps skip the draft"), so its measured s(0) is the mean over
+probe; `decoding.step`, "Plain steps skip the draft"), so its measured s(0) is the mean over
 that cycle. The choice depends only on the row's past, so the verifiers'
 `num_proposed` rule keeps every emitted token distributed as p.
 """
@@ -251,7 +251,8 @@ def observe(alpha: Array, plain_run: Array | None, *, chosen: Array, proposes: A
 
 
 def call_widths(gamma: int, adaptive: bool, may_propose_nothing: bool) -> tuple[int, ...]:
-  """The static target-call widths one compiled step may take (`lax.switch` branches).
+  """The static target-call widths one compiled step may take (the loop runs one inner
+  `while_loop` per width; the jitted `speculative_step` a `lax.switch` over them).
 
   gamma='auto': every width 1..G+1. A fixed γ: G+1, and 1 as well when a draft may
   propose nothing (a lookup without a match).

@@ -158,7 +158,7 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
 
     def call():
       # the loop consumes (donates) its state: each call runs on a fresh copy, whose few
-      # dispatches and cache copy are timed with the steps (well under 1% of 8 steps)
+      # dispatches and cache copy are timed with the steps
       fresh = jax.tree.map(jnp.copy, state)
       return jax.block_until_ready(loop.run_prepared(target, params, fresh, prepared, costs))
     return call
@@ -198,7 +198,7 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
       if width == 1 and name == "lookup" and "draft" in starts:
         continue  # s_lookup(0) = s(0): nothing proposed
       key = width if (name == "draft" or len(sources) == 1) else ("lookup", width)
-      add(key, draft.params, prepared, state, costs, width - 1)  # SmolLM2: all steps match
+      add(key, draft.params, prepared, state, costs, width - 1)
 
   def step_costs_of(seconds):
     return [float(seconds[k] / seconds["plain"]) for k in range(1, gamma_max + 2)]

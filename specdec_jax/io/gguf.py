@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import time
 
 import gguf
 import jax
@@ -261,11 +260,3 @@ def check_param_shapes(params, cfg: ModelConfig, source: str = "params") -> None
                   if got_shapes.get(k) != want_shapes.get(k))
     raise ValueError(f"{source}: param tree does not match the model config "
                      f"(name, got, expected): {diff[:6]}")
-
-
-def timed_load(path: str | os.PathLike, **kwargs) -> tuple[ModelConfig, dict, float]:
-  """`load_gguf` plus its wall time in seconds (arrays ready)."""
-  start = time.perf_counter()
-  cfg, params = load_gguf(path, **kwargs)
-  jax.block_until_ready(params)
-  return cfg, params, time.perf_counter() - start

@@ -14,8 +14,9 @@ distributions p_1..p_{G+1} for the same prefixes:
 The accepted mass of token x is min(p(x), q(x)) and the residual supplies exactly
 max(0, p - q), so every emitted token is distributed as p.
 
-A verifier is any function with the signature of `verify`; `speculative_step`
-takes it as an argument so that a block verifier can sit beside this one.
+A verifier is any function with the signature of `verify`; a `DecodeSpec` holds one
+(`spec.verify_fn`) so that a block verifier can sit beside this one. At T = 0 the chain
+step calls `greedy_verify` instead (it emits the same tokens on one-hot p).
 
 Block verification (`block_verify`; Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami,
 Suresh, "Block Verification Accelerates Speculative Decoding", ICLR 2025,
