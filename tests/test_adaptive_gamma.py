@@ -27,6 +27,7 @@ from specdec_jax import (AutoGamma, DecodeSpec, FixedGamma, Model, SamplingConfi
                          autoregressive_generate, speculative_generate)
 from specdec_jax.bench import studies
 from specdec_jax.decoding import loop, step as decode_step
+from specdec_jax.decoding.results import finish
 from specdec_jax.decoding.spec import make_proposer, prepare
 from specdec_jax.drafts.feature import FEATURE_LAG
 from specdec_jax.drafts.hybrid import HybridDraft
@@ -294,7 +295,9 @@ def test_feature_draft_skips_plain_steps_and_probes(greedy_pairs):
 
 def test_auto_gamma_compiles_one_loop(greedy_pairs):
   """Tables are traced inputs: other tables and seeds reuse the one compiled decode loop
-  (every call width is a branch inside it); the jitted step compiles once too."""
+  (one inner loop per call width); the jitted step (a `lax.switch` over the widths)
+  compiles once too, and stepping it to the end gives the loop's tokens and γ choices.
+  After every step both caches hold exactly the emitted tokens: length = num_tokens - 1."""
   pair = greedy_pairs["model"]
   target, tp, draft, dp = pair
   kw = dict(max_new_tokens=12, sampling=GREEDY, verifier="block")
@@ -305,13 +308,20 @@ def test_auto_gamma_compiles_one_loop(greedy_pairs):
   assert loop.run_steps_jit._cache_size() == before
   assert len(np.unique(out.gammas[out.gammas >= 0])) > 1
 
-  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, auto_spec(SWITCHING, **kw))
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, auto_spec(SWITCHING, **kw),
+                     seed=2)
   state = loop.prefill(Model(target, tp), dp, prepared)
   step_before = decode_step.speculative_step._cache_size()
-  for _ in range(4):
+  while not bool(state.done.all()):
     state = decode_step.speculative_step(tp, dp, state, prepared.costs, target_config=target,
                                          draft=prepared.draft, spec=prepared.spec)
+    want = np.asarray(state.num_tokens) - 1
+    np.testing.assert_array_equal(state.target_cache["length"], want)
+    np.testing.assert_array_equal(state.draft_state["length"], want)
   assert decode_step.speculative_step._cache_size() == step_before + 1
+  stepped = finish(state, 12, 0)
+  np.testing.assert_array_equal(stepped.tokens, out.tokens)
+  np.testing.assert_array_equal(stepped.gammas, out.gammas)
 
 
 def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
@@ -452,13 +462,19 @@ def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs, caplog):
       Model(target, tp), Model(draft, dp), gamma_max=GAMMA_MAX, batch=len(PROMPTS),
       sampling=GREEDY, context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
       repeats=1)
+  def init_state_probe(x):  # a program compiled here for sure: the log's text is read right
+    return x * 2
+
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
     auto_generate(pair, PROMPTS, costs=table, max_new_tokens=12, sampling=GREEDY,
                   verifier="block")
     greedy_autoregressive(pair)
+    jax.jit(init_state_probe)(jnp.zeros((3, 5, 7), jnp.int8))
   compiled = [r.getMessage()[:40] for r in caplog.records
               if r.getMessage().startswith("Compiling jit(")]
-  assert not [m for m in compiled if "run_steps" in m or "init_state" in m], compiled
+  assert [m for m in compiled if "init_state_probe" in m], compiled  # the positive control
+  assert not [m for m in compiled if "run_steps" in m or
+              ("init_state" in m and "init_state_probe" not in m)], compiled
 
 
 def test_update_alpha_is_an_ema_over_observed_positions():
