@@ -16,8 +16,9 @@ A finished draft (`save_params` / `load_params`) is a directory with `params/` (
 and `model.json` (the ModelConfig dict, the tokenizer identity, the params' sha256, the
 sha256 of every file under `params/` and free-form extras). `load_params` checks the
 files' hashes before orbax reads anything, so a truncated or replaced file is refused with
-one ValueError (orbax's own failure on such a file leaves tensorstore callbacks running
-that report a closed event loop after the error), then checks the restored params' hash.
+one ValueError, then checks the restored params' hash. (A failed orbax restore leaves
+tensorstore callbacks running that report a closed event loop after the error; those
+reports are dropped, `_drop_closed_loop_reports`.)
 A draft meant to be shipped is saved with `params_dtype='float16'` (half the bytes):
 model.json then records that dtype, and `load_params` restores float16 leaves and casts
 them to the config's dtype; a file of another dtype than model.json says is refused.
@@ -26,7 +27,9 @@ them to the config's dtype; a file of another dtype than model.json says is refu
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -260,19 +263,34 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
   return directory
 
 
+class _UnretrievedFutures(logging.Filter):
+  """Drops asyncio's "... exception was never retrieved" records (a failed orbax restore
+  leaves such futures behind; the restore's error is already raised as one ValueError)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in str(record.msg)
+
+
 def _drop_closed_loop_reports() -> None:
-  """Where orbax restores files no recorded sha256 vouches for (a save older than
-  files_sha256) and fails on a corrupt one, tensorstore callbacks still in flight report
-  RuntimeError('Event loop is closed') through `sys.unraisablehook`, during or after the
-  one-line error: from the restore on, drop exactly those reports (any other goes to the
-  previous hook)."""
+  """When an orbax restore fails (files of other shapes than model.json's config, or a
+  corrupt file that no recorded sha256 caught: a save older than files_sha256),
+  tensorstore callbacks still in flight report RuntimeError('Event loop is closed')
+  through `sys.unraisablehook`, during or after the one-line error, and so do orbax's
+  read coroutines closed with the error: from the first restore on, drop exactly those
+  reports (any other goes to the previous hook), and asyncio's log records of the
+  restore's futures whose exception nobody retrieved."""
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _UnretrievedFutures) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_UnretrievedFutures())
   previous = sys.unraisablehook
   if getattr(previous, "drops_closed_loop", False):
     return
 
   def hook(unraisable):
-    exc = unraisable.exc_value
-    if not (isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"):
+    exc, source = unraisable.exc_value, unraisable.object
+    closed_loop = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+    orbax_read = inspect.iscoroutine(source) and "orbax" in source.cr_code.co_filename
+    if not (closed_loop or orbax_read):
       previous(unraisable)
   hook.drops_closed_loop = True
   sys.unraisablehook = hook
@@ -318,8 +336,8 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
   if stored is not None:
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, stored if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), like)
-  if "files_sha256" not in meta:
-    _drop_closed_loop_reports()
+  _drop_closed_loop_reports()
+  _check_stored_shapes(directory / "params", like, meta_path.name)
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(directory / "params", like)
@@ -344,6 +362,37 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     params = jax.tree.map(lambda x: jnp.asarray(x, config.jnp_dtype)
                           if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   return params, config, meta
+
+
+def _check_stored_shapes(path: pathlib.Path, like: PyTree, meta_name: str) -> None:
+  """ValueError naming the first arrays whose stored shapes (orbax metadata) are not
+  those of `like`, before a restore: orbax's own failure there leaves its gathered futures
+  unretrieved, which asyncio reports with a trace after the error."""
+  absl_logger = logging.getLogger("absl")  # orbax warns there of metadata it cannot read
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    held = _stored_metadata(path)
+  except Exception as e:  # orbax/tensorstore errors on missing or corrupt metadata
+    first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    raise ValueError(f"{path} cannot be restored as the model of {meta_name} (its metadata "
+                     f"cannot be read: {type(e).__name__}: {first})") from None
+  finally:
+    absl_logger.setLevel(level)
+
+  def shapes(tree):
+    return {jax.tree_util.keystr(p): getattr(x, "shape", None)
+            for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  stored, want = shapes(held), shapes(like)
+  stored = {k: None if v is None else tuple(v) for k, v in stored.items()}
+  if not any(v is not None for v in stored.values()):
+    raise ValueError(f"{path} cannot be restored as the model of {meta_name}: its metadata "
+                     "cannot be read (truncated or missing files)")
+  if stored != want:
+    diff = sorted((k, stored.get(k), want.get(k)) for k in set(stored) | set(want)
+                  if stored.get(k) != want.get(k))
+    raise ValueError(f"{path} cannot be restored as the model of {meta_name}: arrays of "
+                     f"other shapes (name, stored, config): {diff[:4]}")
 
 
 def _stored_metadata(path: pathlib.Path) -> PyTree:
