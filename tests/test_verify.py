@@ -167,14 +167,14 @@ def test_residual_underflow_falls_back_to_p():
   np.testing.assert_array_equal(residual_distribution(p, p), p)
 
 
-@pytest.mark.parametrize("verifier", [verify, block_verify])
+@pytest.mark.parametrize("verifier", [verify, pytest.param(block_verify, marks=pytest.mark.slow)])
 def test_the_step_calls_the_specs_verifier_at_t1_and_greedy_verify_at_t0(verifier):
   """At T = 1 the verifier given as a function is the one the step calls: the same
   function under another name gives the named verifier's tokens, and the naive residual
   other ones. At T = 0 the step verifies with `greedy_verify` and never calls it (a
   verifier that raises when called still gives greedy decoding's tokens)."""
   pair = law_pair()
-  prompts = [[1, 3, 0]] * 64
+  prompts = [[1, 3, 0]] * 16
   def run(verifier, temperature=1.0):
     return speculative(pair, prompts, gamma=3, max_new_tokens=4, seed=3, verifier=verifier,
                        sampling=SamplingConfig(temperature=temperature)).tokens
