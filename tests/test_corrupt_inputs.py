@@ -107,11 +107,17 @@ RUNS = 20
 
 
 def test_data_file_truncated_without_recorded_files(saved_draft):
-  directory, _ = saved_draft
+  """One data file cut, nothing recorded to catch it: a ValueError, or (where orbax's
+  layout put nothing the restore reads in that file) the params as saved."""
+  directory, config = saved_draft
   _truncate_data_files(directory, largest_only=True)
   _without_files_sha256(directory)
-  with pytest.raises(ValueError, match=r"params cannot be restored"):
-    ckpt_lib.load_params(directory)
+  try:
+    params, _, _ = ckpt_lib.load_params(directory)
+  except ValueError as e:
+    assert "params cannot be restored" in str(e)
+  else:
+    assert ckpt_lib.params_checksum(params) == ckpt_lib.params_checksum(noise_params(config))
 
 
 @pytest.mark.slow  # 4 x RUNS processes
@@ -136,6 +142,9 @@ def test_corrupt_saved_draft_gives_one_line_every_time(saved_draft, damage):
   for run in range(RUNS):
     proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
+    if damage == "data_file_truncated_unrecorded" and proc.returncode == 0:
+      assert "Traceback" not in proc.stderr, f"run {run + 1}: {proc.stderr[-2000:]}"
+      continue  # the cut file held nothing the restore reads (see the fast test)
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), \
         f"run {run + 1}: {proc.stderr[-2000:]}"
 

@@ -175,13 +175,13 @@ def test_the_step_calls_the_specs_verifier_at_t1_and_greedy_verify_at_t0(verifie
   verifier that raises when called still gives greedy decoding's tokens)."""
   pair = law_pair()
   prompts = [[1, 3, 0]] * 16
-  def run(verifier, temperature=1.0):
+  def run(verifier):
     return speculative(pair, prompts, gamma=3, max_new_tokens=4, seed=3, verifier=verifier,
-                       sampling=SamplingConfig(temperature=temperature)).tokens
-  named = "token" if verifier is verify else "block"
-  np.testing.assert_array_equal(run(lambda *a, **k: verifier(*a, **k)), run(named))
+                       sampling=SamplingConfig(temperature=1.0)).tokens
+  named = run("token" if verifier is verify else "block")
+  np.testing.assert_array_equal(run(lambda *a, **k: verifier(*a, **k)), named)
   naive = functools.partial(verifier, residual_fn=lambda p, q, *w: p)
-  assert (run(naive) != run(named)).any()
+  assert (run(naive) != named).any()
 
   def never(*args, **kwargs):
     raise AssertionError("the spec's verifier was called at T = 0")

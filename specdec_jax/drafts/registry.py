@@ -10,7 +10,7 @@ registers its constructor once:
 `inner` is the draft a wrapping kind wraps (a hybrid's), or None. A wrapping kind
 (`base.WrappingDraft`, registered with wraps=True) is built around the model draft that
 `config.feature_draft` names; nothing outside `drafts/` tests a name's kind: scripts ask
-`wraps` and `model_draft_name`.
+`needs_inner` and `model_draft_name`.
 """
 
 from __future__ import annotations

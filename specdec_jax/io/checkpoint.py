@@ -326,8 +326,8 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
       stored = None if stored is None else np.dtype(stored)
       recorded = dict(meta["files_sha256"])
     except (TypeError, KeyError, ValueError) as e:
-      raise ValueError(f"{meta_path} records params_dtype {meta.get('params_dtype')!r} "
-                       f"without valid files_sha256 ({type(e).__name__}: {e})") from None
+      raise ValueError(f"{meta_path} holds no valid files_sha256 (params_dtype "
+                       f"{meta.get('params_dtype')!r}; {type(e).__name__}: {e})") from None
     found = files_checksums(directory / "params")
     if found != recorded:
       bad = sorted(k for k in set(found) | set(recorded) if found.get(k) != recorded.get(k))
@@ -337,7 +337,13 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, stored if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype), like)
   _drop_closed_loop_reports()
-  _check_stored_shapes(directory / "params", like, meta_path.name)
+  held = _checked_metadata(directory / "params", like, meta_path.name)
+  if stored is not None:  # orbax casts on restore: check the dtype the files hold
+    dtypes = {str(np.dtype(m.dtype)) for m in jax.tree.leaves(held)
+              if np.issubdtype(np.dtype(m.dtype), np.floating)}
+    if dtypes != {stored.name}:
+      raise ValueError(f"{directory / 'params'} holds {sorted(dtypes)} params, but "
+                       f"{meta_path.name} says {stored.name}")
   try:
     with ocp.StandardCheckpointer() as ckptr:
       params = ckptr.restore(directory / "params", like)
@@ -345,12 +351,6 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
     first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
     raise ValueError(f"{directory / 'params'} cannot be restored as the model of "
                      f"{meta_path.name} ({type(e).__name__}: {first})") from None
-  if stored is not None:  # orbax casts on restore: check the dtype the files hold
-    held = {str(np.dtype(m.dtype)) for m in jax.tree.leaves(_stored_metadata(
-        directory / "params")) if np.issubdtype(np.dtype(m.dtype), np.floating)}
-    if held != {stored.name}:
-      raise ValueError(f"{directory / 'params'} holds {sorted(held)} params, but "
-                       f"{meta_path.name} says {stored.name}")
   if params_checksum(params) != saved_sha:
     raise ValueError(f"{directory / 'params'} do not match the sha256 in {meta_path.name}: "
                      "the params or model.json were changed after saving")
@@ -364,10 +364,11 @@ def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None 
   return params, config, meta
 
 
-def _check_stored_shapes(path: pathlib.Path, like: PyTree, meta_name: str) -> None:
-  """ValueError naming the first arrays whose stored shapes (orbax metadata) are not
-  those of `like`, before a restore: orbax's own failure there leaves its gathered futures
-  unretrieved, which asyncio reports with a trace after the error."""
+def _checked_metadata(path: pathlib.Path, like: PyTree, meta_name: str) -> PyTree:
+  """The stored array metadata (`_stored_metadata`), read before a restore; ValueError
+  if it cannot be read or names arrays of other shapes than `like`'s (orbax's own
+  failure there leaves its gathered futures unretrieved, which asyncio reports with a
+  trace after the error)."""
   absl_logger = logging.getLogger("absl")  # orbax warns there of metadata it cannot read
   level = absl_logger.level
   absl_logger.setLevel(logging.ERROR)
@@ -393,6 +394,7 @@ def _check_stored_shapes(path: pathlib.Path, like: PyTree, meta_name: str) -> No
                   if stored.get(k) != want.get(k))
     raise ValueError(f"{path} cannot be restored as the model of {meta_name}: arrays of "
                      f"other shapes (name, stored, config): {diff[:4]}")
+  return held
 
 
 def _stored_metadata(path: pathlib.Path) -> PyTree:
