@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-all bench results results-measure distill qwen peer clean
+.PHONY: run test test-all bench results results-measure distill qwen peer tpu-plan clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,6 +63,21 @@ peer: $(PEER_VENV)/.installed
 $(PEER_VENV)/.installed: requirements-reference.txt
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-reference.txt
+	touch $@
+
+# opt-in: a venv of its own with jax[tpu] at the project's jax version (libtpu, about
+# 700 MB), which compiles for any TPU topology on this machine's CPU; then the plan of
+# the default config (docs/tpu_plan.md). `make run` and `make test` never need it.
+TPU_VENV := .venv-tpu
+TPU_PY := $(TPU_VENV)/bin/python
+TPU_PLAN_ARGS ?= --config=configs/smollm2_135m.py --topology=v5e:2x2
+tpu-plan: $(TPU_VENV)/.installed
+	$(TPU_PY) scripts/tpu_plan.py $(TPU_PLAN_ARGS)
+$(TPU_VENV)/.installed: requirements.txt requirements-nodeps.txt
+	test -x $(TPU_PY) || $(PYTHON) -m venv $(TPU_VENV)
+	$(TPU_PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(TPU_PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	$(TPU_PY) -m pip install -q --disable-pip-version-check "jax[tpu]==$$(sed -n 's/^jax==//p' requirements.txt)"
 	touch $@
 
 clean:

@@ -92,7 +92,7 @@ def load_target(name: str, tokenizer, *, dims=None, dtype: str = "float32",
   if name == "random_tiny":
     if dims is None:
       raise ValueError("target 'random_tiny' needs config.target_model dims")
-    cfg = model_config(dims, tokenizer.vocab_size, max_seq_len=max_seq_len)
+    cfg = model_config(dims, tokenizer.vocab_size, max_seq_len=max_seq_len, dtype=dtype)
     params = init_params(cfg, jax.random.PRNGKey(dims.get("seed", 0)))
     scale = params["final_norm"]["scale"] * dims.get("logit_scale", 1.0)
     return cfg, {**params, "final_norm": {"scale": scale}}
@@ -151,7 +151,9 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
       raise ValueError(f"draft {name!r}: {directory} does not exist (make it with `make run` "
                        "or scripts/distill.py)")
     params, cfg, _ = load_params(directory, tokenizer_identity=tokenizer.identity)
-    return cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len)), params
+    cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len),
+                      dtype=target_config.dtype)  # a saved draft decodes at the run's dtype
+    return cfg, _as_dtype(params, cfg.jnp_dtype)
   if name.startswith("truncate:"):
     k = int(name.split(":", 1)[1])
     if not 1 <= k <= target_config.num_layers:
@@ -164,7 +166,8 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
     if dims is None:
       raise ValueError("draft 'random' needs config.draft_model dims")
     cfg = model_config(dims, target_config.vocab_size, rope_theta=target_config.rope_theta,
-                       norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len)
+                       norm_eps=target_config.norm_eps, max_seq_len=target_config.max_seq_len,
+                       dtype=target_config.dtype)
     return cfg, init_params(cfg, jax.random.PRNGKey(seed))
   path = gguf_file(name)
   if path is not None:
@@ -172,6 +175,73 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
   raise ValueError(f"unknown draft {name!r}: expected 'none', 'saved:<dir>', 'truncate:<k>', "
                    f"'random', a Qwen2.5-Coder name, a .gguf path or a registered kind "
                    f"{registry.kinds()} as '<kind>:<n>'")
+
+
+def model_config_of(name: str, *, vocab_size: int | None = None, dims=None,
+                    dtype: str = "float32", max_seq_len: int = 2048) -> ModelConfig:
+  """The ModelConfig that `load_target(name, ...)` gives, from headers and records alone
+  (no weights read): a GGUF's header, a Qwen name's pinned header
+  (`wheel_parts.HEADER_CONFIGS`, before `make qwen`), a saved model's model.json, an hf
+  directory's config.json, or dims ('random_tiny', with the tokenizer's vocab_size)."""
+  from specdec_jax.io import wheel_parts
+  if name == "random_tiny":
+    if dims is None or vocab_size is None:
+      raise ValueError("target 'random_tiny' needs config.target_model dims and a vocabulary")
+    return model_config(dims, vocab_size, max_seq_len=max_seq_len, dtype=dtype)
+  if name.startswith("saved:"):
+    from specdec_jax.io.checkpoint import saved_config
+    return saved_config(name[len("saved:"):]).replace(dtype=dtype)
+  if name.startswith("hf:"):
+    import json
+    from specdec_jax.io.safetensors import config_from_hf
+    with open(os.path.join(name[3:], "config.json")) as f:
+      return config_from_hf(json.load(f), dtype=dtype, max_seq_len=max_seq_len)
+  if name in wheel_parts.QWEN_NAMES and not wheel_parts.gguf_path(name).exists():
+    fields = wheel_parts.HEADER_CONFIGS[wheel_parts.QWEN_NAMES[name]]
+    return ModelConfig(**fields, dtype=dtype, max_seq_len=max_seq_len)
+  path = gguf_file(name)
+  if path is None:
+    raise ValueError(f"unknown model {name!r}: expected 'smollm2', 'qwen2.5-coder-1.5b', "
+                     "'qwen2.5-coder-0.5b', a .gguf path, 'hf:<dir>', 'saved:<dir>' or "
+                     "'random_tiny'")
+  from specdec_jax.io.gguf import config_from_gguf, open_gguf
+  return config_from_gguf(open_gguf(path), dtype=dtype, max_seq_len=max_seq_len, path=path)
+
+
+def draft_config_of(name: str, target_config: ModelConfig, *, dims=None,
+                    feature_draft: str | None = None):
+  """What `load_draft` gives in place of (config, params), from headers alone: (a model
+  draft's ModelConfig or a registered kind's Draft, whether it has params); (None, False)
+  for 'none'. Model drafts take the target's dtype and max_seq_len, as they decode."""
+  if name in ("none", "", None):
+    return None, False
+  if registry.is_registered(name):
+    inner, has_params = None, False
+    if registry.needs_inner(name):
+      if not feature_draft or registry.is_registered(feature_draft):
+        raise ValueError(f"draft {name!r} needs config.feature_draft to name a model draft, "
+                         f"got {feature_draft!r}")
+      cfg, has_params = draft_config_of(feature_draft, target_config, dims=dims)
+      inner = registry.from_model_config(cfg)
+    return registry.make(name, inner), has_params
+  same = dict(dtype=target_config.dtype, max_seq_len=target_config.max_seq_len)
+  if name.startswith("truncate:"):
+    return target_config.replace(num_layers=int(name.split(":", 1)[1])), True
+  if name == "random":
+    if dims is None:
+      raise ValueError("draft 'random' needs config.draft_model dims")
+    return model_config(dims, target_config.vocab_size, rope_theta=target_config.rope_theta,
+                        norm_eps=target_config.norm_eps, **same), True
+  if name.startswith("saved:"):
+    cfg = model_config_of(name, dtype=target_config.dtype)
+    return cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len)), True
+  return model_config_of(name, **same), True
+
+
+def _as_dtype(params, dtype):
+  """Every floating leaf of params as dtype; other leaves unchanged."""
+  return jax.tree_util.tree_map(
+      lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
 def encode_prompts(tokenizer, texts, *, chat: bool) -> list[list[int]]:
@@ -234,6 +304,11 @@ def load_models(config, drafts) -> Models:
     raise ValueError(f"target vocabulary {target_cfg.vocab_size} is smaller than the "
                      f"tokenizer's {tokenizer.vocab_size}")
   unstacked = bool(config.get("unstacked", False))
+  if unstacked and jax.default_backend() != "cpu":
+    from absl import logging
+    logging.warning("config.unstacked: the serving layout is XLA:CPU's; on %s the params "
+                    "stay stacked as stored (docs/tpu_plan.md#layout)", jax.default_backend())
+    unstacked = False
   loaded = {}
   for name, spec in drafts:
     cfg, params = load_draft(spec, tokenizer, target_cfg, target_params,

@@ -15,6 +15,8 @@ measured on a clean commit (`left_out`), and a table holds one machine's figures
   distill_curve  scripts/distill.py's report.json: α per corpus at each evaluation
   tree_study   scripts/tree_study.py --out: tokens per target call of token trees and chains
   gamma_rules  scripts/gamma_policy_study.py --out: γ rules replayed on greedy decodes
+  tpu_plan     scripts/tpu_plan.py --out: every decode path compiled for a TPU topology,
+               memory per chip and a roofline per chip (tools/results_tpu.py)
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -29,7 +31,7 @@ import dataclasses
 import json
 import pathlib
 
-from tools import results_tables
+from tools import results_tables, results_tpu
 from tools.results_format import (commit_short, machine_short, minutes, num, quoted_stamps,
                                   stamp_lines, stamp_of, table, unclean)
 
@@ -235,6 +237,43 @@ SECTIONS = (
             "draft calls.",
             ("scripts/tree_study.py", f"--out={RESULTS_DIR}/tree_tokens_per_call.json")),
 )
+_PLAN_ABOUT = (
+    "Every decode path of the config compiled for a TPU topology from shapes alone "
+    "(libtpu on this CPU machine; no weights read, nothing run): compile time, HBM per chip "
+    "against the chip's capacity, and whether each loop of steps keeps its caches in place "
+    "(no cache-sized copy in the optimized program, temporaries below one cache). Then a "
+    "roofline of one step per chip from the compiled pieces' flops and bytes, and the "
+    "speedups it predicts at the α and tokens per step of the named CPU result file, beside "
+    "that file's measured CPU speedups. How to read it: [tpu_plan.md](tpu_plan.md).")
+
+
+def tpu_plan(anchor: str, path: str, title: str, config: str, topology: str,
+             *flags: str) -> Section:
+  """A compile plan section: `scripts/tpu_plan.py` in .venv-tpu (`make tpu-plan`)."""
+  command = " ".join([".venv-tpu/bin/python scripts/tpu_plan.py", f"--config=configs/{config}.py",
+                      f"--topology={topology}", *flags, f"--out={RESULTS_DIR}/{path}"])
+  return Section(anchor, path, "tpu_plan", title, _PLAN_ABOUT, made_by=command)
+
+
+_FROM_QWEN = "--from=docs/results/heldout_qwen25_coder_t0_auto.json"
+_FROM_SMOLLM2 = "--from=docs/results/benchmark_heldout_smollm2.json"
+SECTIONS += (
+    tpu_plan("tpu-plan-smollm2-v5e", "tpu_plan_smollm2_v5e.json",
+             "Compile plan: SmolLM2-135M with the shipped hybrid on a TPU v5e 2x2",
+             "smollm2_135m", "v5e:2x2", _FROM_SMOLLM2),
+    tpu_plan("tpu-plan-smollm2-v6e", "tpu_plan_smollm2_v6e.json",
+             "Compile plan: SmolLM2-135M with the shipped hybrid on a TPU v6e 2x2",
+             "smollm2_135m", "v6e:2x2", _FROM_SMOLLM2),
+    tpu_plan("tpu-plan-qwen-v5e", "tpu_plan_qwen25_coder_v5e.json",
+             "Compile plan: the Qwen2.5-Coder 1.5B/0.5B pair on a TPU v5e 2x2",
+             "qwen25_coder", "v5e:2x2", _FROM_QWEN),
+    tpu_plan("tpu-plan-qwen-v6e", "tpu_plan_qwen25_coder_v6e.json",
+             "Compile plan: the Qwen2.5-Coder 1.5B/0.5B pair on a TPU v6e 2x2",
+             "qwen25_coder", "v6e:2x2", _FROM_QWEN),
+    tpu_plan("tpu-plan-llama-mesh", "tpu_plan_llama_1b_mesh_v5e16.json",
+             "Compile plan: a Llama-3.2-1B-shaped target on a v5e-16 mesh (4 hosts)",
+             "llama_1b_mesh", "v5e:4x4", "--mesh=4,4"),
+)
 
 
 # --------------------------------------------------------------------------- reading
@@ -318,11 +357,13 @@ TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fre
           "prompt_set": results_tables.prompt_set_table,
           "distill_curve": results_tables.distill_table,
           "tree_study": results_tables.tree_table,
-          "gamma_rules": results_tables.gamma_rules_table}
+          "gamma_rules": results_tables.gamma_rules_table,
+          "tpu_plan": results_tpu.tpu_plan_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
              "distill_curve": results_tables.distill_headline,
              "tree_study": results_tables.tree_headline,
-             "gamma_rules": results_tables.gamma_rules_headline}
+             "gamma_rules": results_tables.gamma_rules_headline,
+             "tpu_plan": results_tpu.tpu_plan_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

@@ -296,6 +296,17 @@ def _drop_closed_loop_reports() -> None:
   sys.unraisablehook = hook
 
 
+def saved_config(directory: str | os.PathLike) -> ModelConfig:
+  """The ModelConfig a `save_params` directory's model.json records (no params read)."""
+  meta_path = pathlib.Path(directory).absolute() / _MODEL_JSON
+  if not meta_path.exists():
+    raise FileNotFoundError(f"{meta_path} not found: not a finished save_params directory")
+  try:
+    return ModelConfig(**json.loads(meta_path.read_text())["config"])
+  except (ValueError, TypeError, KeyError) as e:
+    raise ValueError(f"{meta_path} is not a valid model.json: {type(e).__name__}: {e}") from None
+
+
 def load_params(directory: str | os.PathLike, *, tokenizer_identity: str | None = None,
                 ) -> tuple[dict, ModelConfig, dict]:
   """(params, config, meta) of a `save_params` directory.

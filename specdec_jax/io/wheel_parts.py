@@ -112,6 +112,19 @@ FILES: dict[str, SplitFile] = {
             "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e",  # 6
         )),
 }
+# The ModelConfig fields each file's GGUF header gives (`gguf.config_from_gguf`, dtype
+# and max_seq_len aside): the shapes a compile plan needs before `make qwen` has run
+# (`loading.model_config_of`); tests/test_qwen_shape.py checks them against the header.
+HEADER_CONFIGS: dict[str, dict] = {
+    "qwen2.5-coder-1.5b-instruct": dict(
+        vocab_size=151_936, num_layers=28, embed_dim=1536, mlp_dim=8960, num_heads=12,
+        num_kv_heads=2, head_dim=128, rope_theta=1_000_000.0, norm_eps=1e-6,
+        tie_embeddings=False, qkv_bias=True),
+    "qwen2.5-coder-0.5b-instruct": dict(
+        vocab_size=151_936, num_layers=24, embed_dim=896, mlp_dim=4864, num_heads=14,
+        num_kv_heads=2, head_dim=64, rope_theta=1_000_000.0, norm_eps=1e-6,
+        tie_embeddings=False, qkv_bias=True),
+}
 # The loaders' short names ('qwen2.5-coder-1.5b') of the files above.
 QWEN_NAMES = {name.removesuffix("-instruct"): name for name in FILES}
 

@@ -30,7 +30,7 @@ def unstack_layers(params) -> dict:
 
 
 # matmul params of a block and how many leading dims of each are its input (o [N,H,D])
-_MATMULS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
+SERVING_MATMULS = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1}
 
 
 def serving_layout(params) -> dict:
@@ -40,7 +40,7 @@ def serving_layout(params) -> dict:
   out = dict(unstack_layers(params))
   for key in [k for k in out if k.startswith("layers_")]:
     layer = dict(out[key])
-    for name, inputs in _MATMULS.items():
+    for name, inputs in SERVING_MATMULS.items():
       if name in layer:
         w = layer.pop(name)
         size = functools.reduce(int.__mul__, w.shape[:inputs])
@@ -54,14 +54,14 @@ def serving_layout(params) -> dict:
 def _input_major(params) -> dict:
   """The inverse of `serving_layout`'s transposes (layers stay per-layer)."""
   if not any(k == "head_t" or (k.startswith("layers_") and any(
-      n + "_t" in params[k] for n in _MATMULS)) for k in params):
+      n + "_t" in params[k] for n in SERVING_MATMULS)) for k in params):
     return params
   out = dict(params)
   if "head_t" in out:
     out["head"] = out.pop("head_t").T
   for key in [k for k in out if k.startswith("layers_")]:
     layer = dict(out[key])
-    for name in _MATMULS:
+    for name in SERVING_MATMULS:
       if name + "_t" in layer:
         layer[name] = layer.pop(name + "_t").T  # reshaped to its own rank by the caller
     out[key] = layer
