@@ -153,8 +153,10 @@ def main(argv):
         if spec.tree is not None:
           try:
             draft.check_tree(spec.tree.shape, spec.tree.rule, target.vocab_size)
-          except ValueError:  # a lookup's candidates are a set: its trees take 'topk'
-            proposer = cp.TreeProposal(proposer.shape, "topk")
+          except ValueError:  # a lookup's trees: 'topk' children, chains below the root
+            branching = cp.lookup_branching(shapes.tree)
+            proposer = cp.TreeProposal(cp.TreeShape.from_branching(branching), "topk")
+            pname = f"tree={','.join(map(str, branching))} topk"
             spec = cp._spec(shapes, proposer, target.vocab_size)
             draft.check_tree(spec.tree.shape, spec.tree.rule, target.vocab_size)
         return cp.decode_programs(f"{label} {pname}", target, draft, has_params, spec,
@@ -250,8 +252,9 @@ def main(argv):
   for key, entry in chips.items():
     v = entry["v"]
     line = (f"  {roofline.CHIPS[key].name:<16} t(1) {entry['target_seconds'] * 1e6:8.1f} µs "
-            f"({entry['bound']}-bound)  c {entry['c']:.3f}  v(2) {v['2']:.2f} v(4) {v['4']:.2f} "
-            f"v(8) {v.get('8', float('nan')):.2f}  s(3) {entry['step_costs'][3]:.2f}")
+            f"({entry['bound']}-bound)  c {entry['c']:.3f}  "
+            + " ".join(f"v({k}) {v[k]:.2f}" for k in ("2", "4", "8", "17") if k in v)
+            + f"  s(γ) {' '.join(f'{s:.2f}' for s in entry['step_costs'][:5])}")
     if "predicted" in entry:
       g = entry["predicted"]["geomean"]
       line += f"  predicted auto {g['auto']:.2f}x" + (

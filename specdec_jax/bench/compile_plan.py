@@ -217,6 +217,14 @@ def proposers(shapes: PlanShapes) -> dict:
               [int(b) for b in shapes.tree.split(",")]))}
 
 
+def lookup_branching(tree: str) -> list[int]:
+  """The tree a prompt lookup can draft in place of `tree` (a branching such as '2,2,1'):
+  as wide at the root, chains below it (a lookup's candidates are a set of continuations,
+  so its trees take rule 'topk' and are chains below the root)."""
+  branching = [int(b) for b in tree.split(",")]
+  return branching[:1] + [1] * (len(branching) - 1)
+
+
 def _inputs(shapes: PlanShapes, spec: DecodeSpec, one):
   b, p = shapes.batch, shapes.prompt_width
   ins = [jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=one),
