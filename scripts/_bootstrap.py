@@ -75,19 +75,35 @@ def check_path_flags(argv: list[str]) -> str | None:
 
 
 @functools.cache
+def _script_constants(path: str) -> dict:
+  """The CONFIG_* constants a script assigns at its top level (read from the source)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  found = {}
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+        isinstance(node.targets[0], ast.Name) and node.targets[0].id.startswith("CONFIG_"):
+      try:
+        found[node.targets[0].id] = ast.literal_eval(node.value)
+      except ValueError:  # not a literal (e.g. the config flag itself)
+        continue
+  return found
+
+
+def shapes_only(script: str) -> bool:
+  """True for a script that declares CONFIG_SHAPES_ONLY = True: it reads models' shapes
+  alone and compiles for devices other than this machine's (scripts/tpu_plan.py), so its
+  config is checked without the machine (`config_fields.shapes_only`)."""
+  path = os.path.join(ROOT, "scripts", script)
+  return os.path.exists(path) and _script_constants(path).get("CONFIG_SHAPES_ONLY") is True
+
+
 def declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
   """{script file name: (CONFIG_FAMILY, CONFIG_READS)} of every script in scripts/ that
   declares them (read from the source, nothing imported)."""
   out = {}
   for path in sorted(glob.glob(os.path.join(ROOT, "scripts", "*.py"))):
-    with open(path, encoding="utf-8") as f:
-      tree = ast.parse(f.read(), path)
-    found = {}
-    for node in tree.body:
-      if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
-          isinstance(node.targets[0], ast.Name) and \
-          node.targets[0].id in ("CONFIG_FAMILY", "CONFIG_READS"):
-        found[node.targets[0].id] = ast.literal_eval(node.value)
+    found = _script_constants(path)
     if found:
       family, reads = found["CONFIG_FAMILY"], found["CONFIG_READS"]
       if reads == "*":  # every field of the family
@@ -153,8 +169,9 @@ def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   config = load_config_args(argv)
   if config is None:
     return
-  config_fields.check_config(config, family=family, reads=reads, given=given, script=script,
-                             readers=lambda name: readers(family, name))
+  with config_fields.shapes_only(shapes_only(script)):
+    config_fields.check_config(config, family=family, reads=reads, given=given,
+                               script=script, readers=lambda name: readers(family, name))
 
 
 def restrict(config, reads) -> None:

@@ -26,6 +26,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 CONFIG_FAMILY = "run"
+CONFIG_SHAPES_ONLY = True  # models' shapes and meshes for other devices (config_fields)
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
     "max_seq_len", "gamma", "gamma_max", "verifier", "tree", "temperature", "max_new_tokens",
@@ -64,8 +65,8 @@ def _checked_flags(config):
     except (OSError, ValueError, KeyError, TypeError) as e:
       raise ValueError(f"--from={_FROM.value}: not a benchmark result file (rows with alpha "
                        f"and tokens_per_step; {type(e).__name__}: {e})") from None
-  if not 1 <= _MAX_TOKENS.value <= 64:
-    raise ValueError(f"--max_tokens must lie in 1..64, got {_MAX_TOKENS.value}")
+  if not 2 <= _MAX_TOKENS.value <= 64:
+    raise ValueError(f"--max_tokens must lie in 2..64, got {_MAX_TOKENS.value}")
   if _OVERHEAD.value < 0 or not math.isfinite(_OVERHEAD.value):
     raise ValueError(f"--call_overhead_us must be >= 0, got {_OVERHEAD.value}")
   return topology, rows
@@ -144,12 +145,12 @@ def main(argv):
 
   dev = devices[0]
   jobs = [("autoregressive", lambda: cp.decode_programs(
-      "autoregressive", target, None, False, cp._spec(shapes, None, target.vocab_size),
+      "autoregressive", target, None, False, cp.plan_spec(shapes, None, target.vocab_size),
       shapes, dev))]
   for label, (draft, has_params) in drafts.items():
     for pname, proposer in cp.proposers(shapes).items():
       def job(label=label, draft=draft, has_params=has_params, proposer=proposer, pname=pname):
-        spec = cp._spec(shapes, proposer, target.vocab_size)
+        spec = cp.plan_spec(shapes, proposer, target.vocab_size)
         if spec.tree is not None:
           try:
             draft.check_tree(spec.tree.shape, spec.tree.rule, target.vocab_size)
@@ -157,16 +158,16 @@ def main(argv):
             branching = cp.lookup_branching(shapes.tree)
             proposer = cp.TreeProposal(cp.TreeShape.from_branching(branching), "topk")
             pname = f"tree={','.join(map(str, branching))} topk"
-            spec = cp._spec(shapes, proposer, target.vocab_size)
+            spec = cp.plan_spec(shapes, proposer, target.vocab_size)
             draft.check_tree(spec.tree.shape, spec.tree.rule, target.vocab_size)
         return cp.decode_programs(f"{label} {pname}", target, draft, has_params, spec,
                                   shapes, dev)
       jobs.append((f"{label} {pname}", job))
   main_label, (main_draft, main_params) = next(iter(drafts.items()))
-  fixed = cp._spec(shapes, cp.FixedGamma(gamma), target.vocab_size)
+  fixed = cp.plan_spec(shapes, cp.FixedGamma(gamma), target.vocab_size)
   if mesh_shape:
     mesh = sharding.make_mesh(mesh_shape, devices)
-    ar_spec = cp._spec(shapes, None, target.vocab_size)
+    ar_spec = cp.plan_spec(shapes, None, target.vocab_size)
     jobs.append((f"autoregressive mesh {mesh_shape}", lambda: [cp.mesh_program(
         "autoregressive", target, None, False, ar_spec, shapes, mesh)]))
     jobs.append((f"{main_label} gamma={gamma} mesh {mesh_shape}", lambda: [cp.mesh_program(

@@ -23,6 +23,8 @@ It imports models and loads files only to check that they exist and parse.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 import os
@@ -182,7 +184,8 @@ def check_model_name(name: str, *, role: str) -> None:
     return
   from specdec_jax.io import wheel_parts
   if name in wheel_parts.QWEN_NAMES:  # assembled by `make qwen`, never at load time
-    wheel_parts.qwen_path(name)
+    if _ON_THIS_MACHINE.get():  # a compile plan reads the pinned header instead
+      wheel_parts.qwen_path(name)
     return
   if name.endswith(".gguf"):
     _existing_file(name, "GGUF file")
@@ -220,12 +223,29 @@ def _check_tree(value, config):
                      f"(one compiled step verifies them all), got {value!r}")
 
 
+# False while a shapes-only script's config is checked (`shapes_only`): the checks that
+# need this machine (a Qwen GGUF fetched, the device count of a mesh) are skipped.
+_ON_THIS_MACHINE = contextvars.ContextVar("on_this_machine", default=True)
+
+
+@contextlib.contextmanager
+def shapes_only(enabled: bool = True):
+  """Checks inside skip what needs this machine: the config names models and meshes
+  whose shapes a compile plan reads for other devices (scripts/tpu_plan.py)."""
+  token = _ON_THIS_MACHINE.set(not enabled)
+  try:
+    yield
+  finally:
+    _ON_THIS_MACHINE.reset(token)
+
+
 def _check_mesh(value, config):
   if not str(value).strip():
     return
   from specdec_jax.models.sharding import parse_mesh_shape
   data, model = parse_mesh_shape(value)
-  if not str(config.get("distributed", "")).strip():  # one process: its devices are known
+  if not str(config.get("distributed", "")).strip() and _ON_THIS_MACHINE.get():
+    # one process: its devices are known
     import jax
     if data * model != jax.device_count():
       raise ValueError(f"{value!r} needs {data * model} devices, {jax.device_count()} are "

@@ -126,6 +126,19 @@ def load_gguf_draft(path: str, tokenizer, target_config: ModelConfig) -> tuple[M
   return load_gguf(path, dtype=target_config.dtype, max_seq_len=target_config.max_seq_len)
 
 
+def _registered_draft(name: str, feature_draft: str | None, load_inner):
+  """(the Draft of a registered kind, what load_inner(feature_draft) gave with the model
+  draft's config for a kind that wraps one, else None)."""
+  inner, extra = None, None
+  if registry.needs_inner(name):
+    if not feature_draft or registry.is_registered(feature_draft):
+      raise ValueError(f"draft {name!r} needs config.feature_draft to name a model draft "
+                       f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
+    cfg, extra = load_inner(feature_draft)
+    inner = registry.from_model_config(cfg)  # a feature or an independent draft
+  return registry.make(name, inner), extra
+
+
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
                seed: int = 0, feature_draft: str | None = None):
   """(config, params) of the draft: a model draft's ModelConfig and params, a registered
@@ -135,15 +148,8 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
   if name in ("none", "", None):
     return None, None
   if registry.is_registered(name):
-    inner, params = None, None
-    if registry.needs_inner(name):
-      if not feature_draft or registry.is_registered(feature_draft):
-        raise ValueError(f"draft {name!r} needs config.feature_draft to name a model draft "
-                         f"(e.g. 'saved:<dir>'), got {feature_draft!r}")
-      cfg, params = load_draft(feature_draft, tokenizer, target_config, target_params,
-                               dims=dims, seed=seed)
-      inner = registry.from_model_config(cfg)  # a feature or an independent draft
-    return registry.make(name, inner), params
+    return _registered_draft(name, feature_draft, lambda inner: load_draft(
+        inner, tokenizer, target_config, target_params, dims=dims, seed=seed))
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
@@ -216,14 +222,9 @@ def draft_config_of(name: str, target_config: ModelConfig, *, dims=None,
   if name in ("none", "", None):
     return None, False
   if registry.is_registered(name):
-    inner, has_params = None, False
-    if registry.needs_inner(name):
-      if not feature_draft or registry.is_registered(feature_draft):
-        raise ValueError(f"draft {name!r} needs config.feature_draft to name a model draft, "
-                         f"got {feature_draft!r}")
-      cfg, has_params = draft_config_of(feature_draft, target_config, dims=dims)
-      inner = registry.from_model_config(cfg)
-    return registry.make(name, inner), has_params
+    draft, has_params = _registered_draft(name, feature_draft, lambda inner: draft_config_of(
+        inner, target_config, dims=dims))
+    return draft, bool(has_params)
   same = dict(dtype=target_config.dtype, max_seq_len=target_config.max_seq_len)
   if name.startswith("truncate:"):
     return target_config.replace(num_layers=int(name.split(":", 1)[1])), True

@@ -204,7 +204,8 @@ def plan_models(config, dtype: str | None = None):
   return target, drafts
 
 
-def _spec(shapes: PlanShapes, proposer, vocab: int) -> DecodeSpec:
+def plan_spec(shapes: PlanShapes, proposer, vocab: int) -> DecodeSpec:
+  """The static spec of a planned path (eos 0: any id compiles the same program)."""
   return DecodeSpec(shapes.max_new_tokens, proposer,
                     sampling=SamplingConfig(temperature=shapes.temperature),
                     verifier=shapes.verifier, eos_id=0, vocab_size=vocab).static()
@@ -285,8 +286,7 @@ def pmap_program(label: str, target: ModelConfig, draft, has_params: bool, spec:
                  shapes: PlanShapes, devices) -> dict:
   """`parallel.pmap_generate`'s program: params replicated, shapes.batch rows per device."""
   d, b = len(devices), shapes.batch
-  fn = parallel._pmapped(tuple(sorted(dict(target_config=target, draft=draft,
-                                           spec=spec).items())), tuple(devices))
+  fn = parallel.pmapped_loop(target, draft, spec, devices)
   tp = param_shapes(target)
   dp = param_shapes(draft.model_config) if has_params else None
   ins = [jax.ShapeDtypeStruct(s, t) for s, t in (
@@ -367,27 +367,40 @@ def per_layer(params, layout: str = "input_major"):
   return out
 
 
-def hbm_traffic(record: dict) -> int:
+def hbm_traffic(record: dict, gathered: int = 0) -> int:
   """The bytes a program moves through HBM, as the smaller of two upper bounds: XLA's
   'bytes accessed' (which counts an operand again at each fused use, e.g. a weight at
   each tile of a matrix-vector fusion at batch 1, so it overstates a memory-bound call
   several times over), and every argument read and every output written once (an output
   aliased to a donated argument, as the cache is, written in place). The second leaves
   out temporaries: in one decode call they hold activations, small at these widths, and
-  relayouts of the loop-invariant weights, which the decode loop makes once per call."""
-  touched = record["argument_bytes"] + record["output_bytes"] - record["alias_bytes"]
+  relayouts of the loop-invariant weights, which the decode loop makes once per call.
+  gathered: argument bytes the program only gathers rows from (`gathered_table_bytes`;
+  XLA counts a gather's rows alone)."""
+  touched = (record["argument_bytes"] + record["output_bytes"] - record["alias_bytes"]
+             - gathered)
   return int(min(record["bytes_accessed"], touched) if record["bytes_accessed"] > 0
              else touched)
 
 
-def _layered_cost(name, params_of, config: ModelConfig, keep, **kw) -> dict:
+def gathered_table_bytes(table: ModelConfig, rows: int) -> int:
+  """Argument bytes of an embedding table that a call only gathers `rows` rows from: the
+  table, less those rows. An untied model's own embedding
+  (its head is another matrix), and the target's embedding that a feature draft reads
+  its input from; a tied table is read whole by the head anyway (0)."""
+  row = table.embed_dim * np.dtype(table.jnp_dtype).itemsize
+  return (table.vocab_size - rows) * row
+
+
+def _layered_cost(name, params_of, config: ModelConfig, keep, gathered: int = 0, **kw) -> dict:
   """Costs of a forward of `config`, from programs of 1 and 2 layers (per-layer params,
   no loop): cost(L) = cost(1) + (L - 1) (cost(2) - cost(1)), since every block is the
   same program. Compiling the L-layer program unrolled gives the same up to fusion at
   the layers' seams, at L/2 times the compile time."""
   one, two = (keep(_forward_program(f"{name}, {n} layer{'s' * (n > 1)}",
                                     params_of(config.replace(num_layers=n)),
-                                    config.replace(num_layers=n), **kw)) for n in (1, 2))
+                                    config.replace(num_layers=n), **kw), gathered)
+              for n in (1, 2))
   return {k: one[k] + (config.num_layers - 1) * (two[k] - one[k]) for k in one}
 
 
@@ -401,25 +414,28 @@ def step_pieces(target: ModelConfig, draft, has_params: bool, shapes: PlanShapes
   b = shapes.batch
   out = dict(target={}, draft=None, verify={}, programs=[])
 
-  def keep(record):
+  def keep(record, gathered=0):
     out["programs"].append(record)
     if progress is not None:
       progress(record)
-    return dict(flops=record["flops"], bytes=hbm_traffic(record),
+    return dict(flops=record["flops"], bytes=hbm_traffic(record, gathered),
                 xla_bytes=record["bytes_accessed"])
 
   def params_of(layout="input_major"):
     return lambda cfg: placed(per_layer(param_shapes(cfg), layout), one)
 
   for k in range(1, max_tokens + 1):
-    out["target"][k] = _layered_cost(f"target call k={k}", params_of(), target, keep,
-                                     batch=b, tokens=k, context=context, one=one)
+    out["target"][k] = _layered_cost(
+        f"target call k={k}", params_of(), target, keep, batch=b, tokens=k, context=context,
+        one=one, gathered=0 if target.tie_embeddings else gathered_table_bytes(target, b * k))
   if has_params:
+    cfg = draft.model_config
     embed = jax.ShapeDtypeStruct((target.vocab_size, target.embed_dim), target.jnp_dtype,
                                  sharding=one)
-    out["draft"] = _layered_cost("draft call", params_of(), draft.model_config, keep,
-                                 batch=b, tokens=1, context=context, one=one,
-                                 input_embed=embed)
+    table = target if cfg.reads_target_features else None if cfg.tie_embeddings else cfg
+    out["draft"] = _layered_cost(
+        "draft call", params_of(), cfg, keep, batch=b, tokens=1, context=context, one=one,
+        input_embed=embed, gathered=0 if table is None else gathered_table_bytes(table, b))
   verify = jax.jit(greedy_verify if shapes.temperature == 0 else VERIFIERS[shapes.verifier])
   v = target.vocab_size
   for g in range(1, max_tokens):

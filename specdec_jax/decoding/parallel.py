@@ -73,6 +73,14 @@ def _pmapped(statics_items: tuple, devices: tuple):
                   devices=list(devices))
 
 
+def pmapped_loop(target_config, draft, spec: DecodeSpec, devices):
+  """The pmapped decode loop `pmap_generate` runs (compiled once per statics and devices):
+  fn(target_params, draft_params, tokens[D,b,P], prompt_len[D,b], row_keys[D,b,2],
+  real[D,b], costs) -> (state, stats)."""
+  return _pmapped(tuple(sorted(dict(target_config=target_config, draft=draft,
+                                    spec=spec).items())), tuple(devices))
+
+
 def pmap_generate(target: Model, draft: Model | None, prompts, *, spec: DecodeSpec, seed=0,
                   pad_id: int = 0, devices=None) -> tuple[GenerationResult, dict]:
   """Speculative (or, with draft None, autoregressive) decoding on D devices.
