@@ -89,6 +89,21 @@ def _devices(topology: str):
                      f"({str(e).strip().splitlines()[0][:200]})") from None
 
 
+def _one_host(topology: str, devices):
+  """The devices of one host, for the pmap path (it runs on one host's chips). On a
+  topology of several hosts, libtpu compiles a pmap over a subset of its chips with that
+  subset's global ids, which it then refuses as replica ids; one host's chips are the
+  same chips as a topology of their own (4 per host: '<chip>:2x2', or '2x2x1' for a
+  3-d topology)."""
+  host = [d for d in devices if d.process_index == devices[0].process_index]
+  if len(host) == len(devices) or len(host) != 4:
+    return host
+  from jax.experimental import topologies
+  chip, dims = topology.split(":")
+  name = f"{chip}:{'2x2x1' if dims.count('x') == 2 else '2x2'}"
+  return topologies.get_topology_desc(platform="tpu", topology_name=name).devices
+
+
 def _mesh_shape(config, devices, target) -> str:
   n = len(devices)
   wanted = _MESH.value or config.get("mesh", "")
@@ -172,7 +187,7 @@ def main(argv):
         "autoregressive", target, None, False, ar_spec, shapes, mesh)]))
     jobs.append((f"{main_label} gamma={gamma} mesh {mesh_shape}", lambda: [cp.mesh_program(
         f"{main_label} gamma={gamma}", target, main_draft, main_params, fixed, shapes, mesh)]))
-    local = [d for d in devices if d.process_index == devices[0].process_index]
+    local = _one_host(topology, devices)
     jobs.append((f"{main_label} gamma={gamma} pmap", lambda: [cp.pmap_program(
         f"{main_label} gamma={gamma}", target, main_draft, main_params, fixed, shapes, local)]))
   model_drafts = [(l, d) for l, (d, p) in drafts.items() if p and not l.startswith("hybrid")]

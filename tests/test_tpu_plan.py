@@ -222,3 +222,38 @@ def test_bfloat16_decodes_every_draft_kind(tmp_path):
     assert caches and {str(x.dtype) for x in caches} == {"bfloat16"}, name
     out = speculative_generate(target, draft, prompts, spec=spec)
     assert out.lengths.tolist() == [4], name
+
+
+def test_a_shapes_only_script_checks_its_config_without_this_machine():
+  """tpu_plan.py plans the Qwen pair before `make qwen` and a 4-chip mesh on a machine of
+  one device; generate.py, which runs them here, refuses both in one line."""
+  sys.path.insert(0, os.path.join(ROOT, "scripts"))
+  import _bootstrap
+  qwen = ["--config=configs/qwen25_coder.py"]
+  mesh = ["--config=configs/llama_1b_mesh.py"]
+  for script, argv in (("tpu_plan.py", qwen), ("tpu_plan.py", mesh)):
+    family, reads = _bootstrap.declarations()[script]
+    _bootstrap.check_config_args(argv, script, family, reads)
+  family, reads = _bootstrap.declarations()["generate.py"]
+  if not wheel_parts.gguf_path("qwen2.5-coder-1.5b").exists():
+    with pytest.raises(ValueError, match="make qwen"):
+      _bootstrap.check_config_args(qwen, "generate.py", family, reads)
+  if jax.device_count() != 4:
+    with pytest.raises(ValueError, match="needs 4 devices"):
+      _bootstrap.check_config_args(mesh, "generate.py", family, reads)
+
+
+def test_the_serving_layout_is_applied_on_cpu_only(monkeypatch):
+  """config.unstacked loads the CPU serving layout on XLA:CPU; on another backend the
+  params stay stacked as stored (the plans' `layouts` entries hold the evidence)."""
+  from configs import tiny
+  from specdec_jax.models.model import is_unstacked
+  config = tiny.get_config()
+  assert config.unstacked
+  on_cpu = loading.load_models(config, [("draft", "truncate:1")])
+  assert is_unstacked(on_cpu.target_params) and "head_t" not in on_cpu.target_params
+  assert any(k.endswith("_t") for k in on_cpu.target_params["layers_0"])
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  on_tpu = loading.load_models(config, [("draft", "truncate:1")])
+  assert not is_unstacked(on_tpu.target_params)
+  assert not is_unstacked(on_tpu.drafts["draft"][2])
