@@ -93,7 +93,7 @@ def _script_constants(path: str) -> dict:
 def shapes_only(script: str) -> bool:
   """True for a script that declares CONFIG_SHAPES_ONLY = True: it reads models' shapes
   alone and compiles for devices other than this machine's (scripts/tpu_plan.py), so its
-  config is checked without the machine (`config_fields.shapes_only`)."""
+  config is checked without the machine (`config_checks.shapes_only`)."""
   path = os.path.join(ROOT, "scripts", script)
   return os.path.exists(path) and _script_constants(path).get("CONFIG_SHAPES_ONLY") is True
 
@@ -160,7 +160,7 @@ def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   """Raises ValueError (one line) when argv's config breaks `script`'s declaration
   (`specdec_jax.config_fields.check_config`): unknown or unread fields given, bad
   values, fields given that the run would not use."""
-  from specdec_jax import config_fields
+  from specdec_jax import config_checks, config_fields
 
   given = given_fields(argv)
   # before parsing: a typo is named as such, not as a parse failure
@@ -169,7 +169,7 @@ def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   config = load_config_args(argv)
   if config is None:
     return
-  with config_fields.shapes_only(shapes_only(script)):
+  with config_checks.shapes_only(shapes_only(script)):
     config_fields.check_config(config, family=family, reads=reads, given=given,
                                script=script, readers=lambda name: readers(family, name))
 

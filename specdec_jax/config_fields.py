@@ -23,13 +23,12 @@ It imports models and loads files only to check that they exist and parse.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
-import os
 from typing import Any, Callable, Mapping
 
+from specdec_jax import config_checks as checks
+from specdec_jax.config_checks import is_int
 from specdec_jax.distill.hyperparameters import RULES as DISTILL_RULES, check_range
 
 _NO_OFF = object()  # a field with no "off" value: a script that does not read it ignores it
@@ -38,8 +37,6 @@ _NO_OFF = object()  # a field with no "off" value: a script that does not read i
 # loop, each holding a whole speculative step: compile time and program size grow with
 # every width (docs/design.md#the-config-contract).
 GAMMA_MAX_LIMIT = 16
-# a fixed γ or a tree compiles one step program of γ+1 (nodes+1) target positions
-TREE_NODES_LIMIT = 64
 BATCH_LIMIT = 4096
 SEQ_LEN_LIMIT = 1 << 17
 SEED_LIMIT = 2 ** 31 - 1
@@ -62,16 +59,12 @@ class Field:
   path: str | None = None  # 'read' (a file read), 'write' (a folder written), 'model'
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_value(name: str, field: Field, value, config: Mapping) -> None:
   """Raises ValueError (one line, naming config.<name>) for a value of the wrong kind, out
   of range, or refused by the field's own check."""
   kind = field.kind
   if kind == "int":
-    if not _is_int(value):
+    if not is_int(value):
       raise ValueError(f"config.{name} must be an int, got {value!r}")
   elif kind == "float":
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
@@ -113,204 +106,12 @@ def _check_dims(name: str, value) -> None:
   if not isinstance(value, Mapping):
     raise ValueError(f"config.{name} must be a dict of model sizes, got {value!r}")
   for key in _DIM_KEYS:
-    if key in value and (not _is_int(value[key]) or value[key] < 1):
+    if key in value and (not is_int(value[key]) or value[key] < 1):
       raise ValueError(f"config.{name}.{key} must be an int >= 1, got {value[key]!r}")
   if "logit_scale" in value and not (isinstance(value["logit_scale"], (int, float))
                                      and math.isfinite(value["logit_scale"])):
     raise ValueError(f"config.{name}.logit_scale must be a finite number, got "
                      f"{value['logit_scale']!r}")
-
-
-# ---- the checks of single fields ------------------------------------------------------
-
-def _choices(*allowed: str):
-  def check(value, config):
-    if value not in allowed:
-      raise ValueError(f"must be one of {list(allowed)}, got {value!r}")
-  return check
-
-
-def _named(name: str, check):
-  """check with its message prefixed by config.<name>."""
-  def wrapped(value, config):
-    try:
-      check(value, config)
-    except ValueError as exc:
-      message = str(exc).splitlines()[0] if str(exc) else repr(exc)
-      if message.startswith("config."):
-        raise
-      if message.split(" ", 1)[0] == name:  # 'tree must be ...' -> 'config.tree must be ...'
-        message = message.split(" ", 1)[1]
-      raise ValueError(f"config.{name} {message}") from None
-  return wrapped
-
-
-def _existing_file(value: str, what: str) -> None:
-  if not os.path.isfile(value):
-    raise ValueError(f"{what} {value!r} is not a file")
-
-
-def check_model_name(name: str, *, role: str) -> None:
-  """Raises ValueError for a tokenizer / target / draft name (`loading`'s module docstring)
-  that cannot load: a bad form, a missing file or folder, a bad draft kind argument. A
-  missing 'saved:<dir>' draft is left to `loading` (make run distils it first)."""
-  from specdec_jax.drafts import registry
-  if not isinstance(name, str):
-    raise ValueError(f"must be a string, got {name!r}")
-  if role == "tokenizer" and name == "bytes":
-    return
-  if role == "target" and name == "random_tiny":
-    return
-  if role == "draft":
-    if name in ("none", "random"):
-      return
-    if name.startswith("truncate:"):
-      k = name.partition(":")[2]
-      if not k.isdigit() or int(k) < 1:
-        raise ValueError(f"'truncate:<k>' needs an int k >= 1, got {name!r}")
-      return
-    if registry.is_registered(name):
-      registry.check_name(name)
-      return
-    if name.startswith("saved:") and name[len("saved:"):]:
-      return
-  if role == "target":
-    for prefix in ("saved:", "hf:"):
-      if name.startswith(prefix):
-        if not os.path.isdir(name[len(prefix):]):
-          raise ValueError(f"{name!r}: folder {name[len(prefix):]!r} not found")
-        return
-  if name == "smollm2" and role in ("tokenizer", "target"):
-    return
-  from specdec_jax.io import wheel_parts
-  if name in wheel_parts.QWEN_NAMES:  # assembled by `make qwen`, never at load time
-    if _ON_THIS_MACHINE.get():  # a compile plan reads the pinned header instead
-      wheel_parts.qwen_path(name)
-    return
-  if name.endswith(".gguf"):
-    _existing_file(name, "GGUF file")
-    with open(name, "rb") as f:
-      if f.read(4) != b"GGUF":
-        raise ValueError(f"{name!r} is not a GGUF file (no GGUF magic)")
-    return
-  qwen = ", ".join(repr(n) for n in sorted(wheel_parts.QWEN_NAMES))
-  forms = {"tokenizer": f"'bytes', 'smollm2', {qwen} or a .gguf path",
-           "target": f"'smollm2', {qwen}, a .gguf path, 'hf:<dir>', 'saved:<dir>' or "
-                     f"'random_tiny'",
-           "draft": f"'none', 'saved:<dir>', 'truncate:<k>', 'random', {qwen}, a .gguf path "
-                    f"or '<kind>:<n>' of a registered kind"}[role]
-  raise ValueError(f"unknown {role} {name!r}: expected {forms}")
-
-
-def _check_model_name(role: str):
-  def check(value, config):
-    check_model_name(value, role=role)
-  return check
-
-
-def _check_gamma(value, config):
-  from specdec_jax.gamma.machine_costs import parse_gamma
-  parse_gamma(value)
-
-
-def _check_tree(value, config):
-  if not str(value).strip():
-    return
-  from specdec_jax.verification.tree_shapes import parse_tree
-  shape = parse_tree(value)
-  if shape.call_nodes > TREE_NODES_LIMIT:
-    raise ValueError(f"has {shape.call_nodes} nodes per call; at most {TREE_NODES_LIMIT} "
-                     f"(one compiled step verifies them all), got {value!r}")
-
-
-# False while a shapes-only script's config is checked (`shapes_only`): the checks that
-# need this machine (a Qwen GGUF fetched, the device count of a mesh) are skipped.
-_ON_THIS_MACHINE = contextvars.ContextVar("on_this_machine", default=True)
-
-
-@contextlib.contextmanager
-def shapes_only(enabled: bool = True):
-  """Checks inside skip what needs this machine: the config names models and meshes
-  whose shapes a compile plan reads for other devices (scripts/tpu_plan.py)."""
-  token = _ON_THIS_MACHINE.set(not enabled)
-  try:
-    yield
-  finally:
-    _ON_THIS_MACHINE.reset(token)
-
-
-def _check_mesh(value, config):
-  if not str(value).strip():
-    return
-  from specdec_jax.models.sharding import parse_mesh_shape
-  data, model = parse_mesh_shape(value)
-  if not str(config.get("distributed", "")).strip() and _ON_THIS_MACHINE.get():
-    # one process: its devices are known
-    import jax
-    if data * model != jax.device_count():
-      raise ValueError(f"{value!r} needs {data * model} devices, {jax.device_count()} are "
-                       f"available (CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
-
-
-def _check_distributed(value, config):
-  from specdec_jax.models.sharding import parse_distributed
-  parse_distributed(value)
-
-
-def _check_prompt_set(value, config):
-  if not value:
-    return
-  from specdec_jax.bench.prompt_sets import load_prompt_set  # 'FILE.json[:domain,...]'
-  load_prompt_set(value)
-
-
-def _check_costs(value, config):
-  if not value:
-    return
-  _existing_file(value, "cost table")
-  from specdec_jax.gamma.machine_costs import load_pinned_table
-  gamma_max = config.get("gamma_max", None)
-  load_pinned_table(value, gamma_max=gamma_max if _is_int(gamma_max) else None)
-
-
-def _check_max_new_tokens(value, config):
-  limit = config.get("max_seq_len", None)
-  if _is_int(limit) and value >= limit:
-    raise ValueError(f"must be below max_seq_len {limit}, got {value}")
-
-
-def _check_top_p(value, config):
-  if not 0 < value <= 1:
-    raise ValueError(f"must lie in (0, 1], got {value!r}")
-
-
-def _check_drafts(value, config):
-  if not value or not all(isinstance(p, (tuple, list)) and len(p) == 2 and
-                          all(isinstance(s, str) and s for s in p) for p in value):
-    raise ValueError(f"needs (name, draft) pairs of non-empty strings, got {value!r}")
-  for _, spec in value:
-    check_model_name(spec, role="draft")
-
-
-def _writable_dir(value, config):
-  if not value:
-    raise ValueError("must name a folder, got ''")
-  folder = os.path.abspath(value)
-  while not os.path.exists(folder):
-    folder = os.path.dirname(folder)
-  if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-    raise ValueError(f"{value!r} cannot be created or written")
-
-
-def _check_prompt_source(value, config):
-  if value != "config" and not (value.startswith("heldout:") and value[len("heldout:"):]):
-    raise ValueError(f"must be 'config' or 'heldout:<corpus>', got {value!r}")
-
-
-def _check_batch_draft(value, config):
-  names = [pair[0] for pair in config.get("drafts", ()) if isinstance(pair, (tuple, list))]
-  if value and value not in names:
-    raise ValueError(f"must be '' or a name in config.drafts {names}, got {value!r}")
 
 
 def _numbers(low=None, high=None, kind="float"):
@@ -356,7 +157,7 @@ def _only_with_random_target(config):
 
 def _f(kind, low=None, high=None, check=None, off=_NO_OFF, used=None, path=None,
        name=None) -> Field:
-  return Field(kind, low, high, None if check is None else _named(name, check), off, used,
+  return Field(kind, low, high, None if check is None else checks.named(name, check), off, used,
                path)
 
 
@@ -365,33 +166,34 @@ def _family(spec: dict) -> dict[str, Field]:
 
 
 RUN = _family({
-    "tokenizer": (("str",), dict(path="model", check=_check_model_name("tokenizer"))),
-    "target": (("str",), dict(path="model", check=_check_model_name("target"))),
+    "tokenizer": (("str",), dict(path="model", check=checks.model_name_check("tokenizer"))),
+    "target": (("str",), dict(path="model", check=checks.model_name_check("target"))),
     "target_model": (("dims",), dict(used=_only_with_random_target)),
-    "draft": (("str",), dict(path="model", check=_check_model_name("draft"))),
-    "feature_draft": (("str",), dict(path="model", check=lambda v, c: v and _check_model_name("draft")(v, c),
+    "draft": (("str",), dict(path="model", check=checks.model_name_check("draft"))),
+    "feature_draft": (("str",), dict(path="model",
+                                     check=lambda v, c: v and checks.model_name_check("draft")(v, c),
                                      off="", used=_only_with_wrapping_draft)),
     "draft_model": (("dims",), dict(used=_only_with_random_draft)),
-    "dtype": (("str",), dict(check=_choices("float32", "bfloat16", "float16"))),
+    "dtype": (("str",), dict(check=checks.choices("float32", "bfloat16", "float16"))),
     "max_seq_len": (("int", 8, SEQ_LEN_LIMIT), {}),
     "unstacked": (("bool",), {}),
     "chat": (("bool",), {}),
     "prompts": (("texts",), {}),
-    "prompt_set": (("str",), dict(path="read", check=_check_prompt_set, off="")),
-    "gamma": (("str",), dict(check=_check_gamma)),
+    "prompt_set": (("str",), dict(path="read", check=checks.check_prompt_set, off="")),
+    "gamma": (("str",), dict(check=checks.check_gamma)),
     "gamma_max": (("int", 0, GAMMA_MAX_LIMIT), dict(used=_only_with_auto)),
-    "costs": (("str",), dict(path="read", check=_check_costs, off="", used=_only_with_auto)),
-    "verifier": (("str",), dict(check=_choices("block", "token"))),
-    "tree": (("str",), dict(check=_check_tree, off="")),
-    "tree_rule": (("str",), dict(check=_choices("sampled", "topk"), used=_only_with_tree)),
+    "costs": (("str",), dict(path="read", check=checks.check_costs, off="", used=_only_with_auto)),
+    "verifier": (("str",), dict(check=checks.choices("block", "token"))),
+    "tree": (("str",), dict(check=checks.check_tree, off="")),
+    "tree_rule": (("str",), dict(check=checks.choices("sampled", "topk"), used=_only_with_tree)),
     "temperature": (("float", 0, 1e4), {}),
     "top_k": (("int", 0, None), {}),
-    "top_p": (("float",), dict(check=_check_top_p)),
-    "max_new_tokens": (("int", 1, SEQ_LEN_LIMIT), dict(check=_check_max_new_tokens)),
+    "top_p": (("float",), dict(check=checks.check_top_p)),
+    "max_new_tokens": (("int", 1, SEQ_LEN_LIMIT), dict(check=checks.check_max_new_tokens)),
     "batch_size": (("int", 1, BATCH_LIMIT), {}),
     "seed": (("int", 0, SEED_LIMIT), {}),
-    "mesh": (("str",), dict(check=_check_mesh, off="")),
-    "distributed": (("str",), dict(check=_check_distributed, off="")),
+    "mesh": (("str",), dict(check=checks.check_mesh, off="")),
+    "distributed": (("str",), dict(check=checks.check_distributed, off="")),
     "repeats": (("int", 1, 1000), {}),
 })
 
@@ -408,14 +210,14 @@ def _distill_family() -> dict[str, Field]:
   fields["target_model"] = Field("dims")
   fields["draft"] = Field("dims")  # the draft's dims and feature_layers
   for name, (kind, low, high, _) in DISTILL_RULES.items():
-    fields[name] = Field(kind, check=_named(name, _range_rule(name)))
+    fields[name] = Field(kind, check=checks.named(name, _range_rule(name)))
   fields.update(_family({
       "draft_init": (("str",), dict(check=lambda v, c: v in ("random", "svd", "copy") or
-                                    _check_model_name("draft")(v, c))),
-      "loss": (("str",), dict(check=_choices("fkl", "rkl", "jsd", "tvd"))),
+                                    checks.model_name_check("draft")(v, c))),
+      "loss": (("str",), dict(check=checks.choices("fkl", "rkl", "jsd", "tvd"))),
       "corpora": (("any",), {}),  # names, or 'name:weight,...' (distill.run_setup)
       "split_seed": (("int", 0, SEED_LIMIT), {}),
-      "cache_dir": (("str",), dict(check=_writable_dir, path="write")),
+      "cache_dir": (("str",), dict(check=checks.writable_dir, path="write")),
       "pretrain": (("any",), {}),
       "stdlib_max_chars": (("int", 0, None), {}),
   }))
@@ -431,20 +233,20 @@ def _range_rule(name):
 def _sweep_family() -> dict[str, Field]:
   fields = dict(_SHARED_MODELS)
   fields.update(_family({
-      "drafts": (("seq",), dict(check=_check_drafts)),
-      "prompt_source": (("str",), dict(check=_check_prompt_source)),
+      "drafts": (("seq",), dict(check=checks.check_drafts)),
+      "prompt_source": (("str",), dict(check=checks.check_prompt_source)),
       "num_prompts": (("int", 1, None), {}),
       "prompt_tokens": (("int", 1, None), {}),
       "heldout_fraction": (("float", 0, 1), {}),
       "split_seed": (("int", 0, SEED_LIMIT), {}),
       "gammas": (("seq",), dict(check=_numbers(1, 64, "int"))),
       "temperatures": (("seq",), dict(check=_numbers(0, 1e4))),
-      "max_new_tokens": (("int", 1, SEQ_LEN_LIMIT), dict(check=_check_max_new_tokens)),
+      "max_new_tokens": (("int", 1, SEQ_LEN_LIMIT), dict(check=checks.check_max_new_tokens)),
       "stop_at_eos": (("bool",), {}),
       "grid_batch": (("int", 0, BATCH_LIMIT), {}),
       "cost_repeats": (("int", 1, 1000), {}),
       "batch_sizes": (("seq",), dict(check=_numbers(1, BATCH_LIMIT, "int"))),
-      "batch_draft": (("str",), dict(check=_check_batch_draft)),
+      "batch_draft": (("str",), dict(check=checks.check_batch_draft)),
       "batch_gamma": (("int", 1, 64), {}),
       "batch_temperature": (("float", 0, 1e4), {}),
       "plots": (("bool",), {}),
