@@ -261,7 +261,7 @@ def main(argv):
           f"{_bytes(p['temp_bytes']):>9} {_bytes(p['total_bytes']):>9} "
           f"{'-' if p['fits'] is None else 'yes' if p['fits'] else 'NO':>4} "
           f"{'' if 'in_place' not in p else 'yes' if p['in_place'] else 'NO'}"
-          f"{'' if 'in_place' not in p else ' (copies per step: target %d, draft %d)' % (p['target_cache_copies'], p['draft_cache_copies'])}")
+          f"{'' if 'in_place' not in p else ' (copies per step: target %d, draft %d; on chip %d)' % (p['target_cache_copies'], p['draft_cache_copies'], p['target_cache_copies_on_chip'] + p['draft_cache_copies_on_chip'])}")
   for f in failures:
     print(f"{f['path']}: {f.get('refused') and 'refused: ' + f['refused'] or f['error']}")
   print(f"roofline (one step, B={shapes.batch}, context {shapes.prompt_width + shapes.max_new_tokens}):")

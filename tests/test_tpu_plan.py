@@ -114,9 +114,21 @@ def test_cache_copies_counts_copies_of_a_cache_shape_per_step_and_per_call():
       "  %dus = bf16[2,1,64,3,8]{4,3,2,1,0} dynamic-update-slice(%a, %b, %c)",
       "  %w = (bf16[2,1,64,3,8]) while(%t), condition=%cond.3, body=%body.1",
       "}"])
-  assert compile_plan.cache_copies(hlo, [(2, 1, 64, 3, 8)]) == (1, 1)
-  assert compile_plan.cache_copies(hlo, [(1, 64)]) == (1, 0)  # inside a fusion of the body
-  assert compile_plan.cache_copies(hlo, [(9, 9)]) == (0, 0)
+  assert compile_plan.cache_copies(hlo, [(2, 1, 64, 3, 8)]) == (1, 1, 0)
+  assert compile_plan.cache_copies(hlo, [(1, 64)]) == (1, 0, 0)  # inside a fusion of the body
+  assert compile_plan.cache_copies(hlo, [(9, 9)]) == (0, 0, 0)
+  # the same body with its cache in the alternate memory (S(1)): relaid out on chip, no
+  # HBM copy; from HBM into it, a copy per step
+  on_chip = hlo.replace("{4,3,2,1,0} copy(bf16[2,1,64,3,8]{4,3,2,1,0} %p)",
+                        "{4,3,2,1,0:T(8,128)S(1)} copy(bf16[2,1,64,3,8]{4,3,2,1,0:S(1)} %p)")
+  assert compile_plan.cache_copies(on_chip, [(2, 1, 64, 3, 8)]) == (0, 1, 1)
+  prefetch = hlo.replace("{4,3,2,1,0} copy(bf16", "{4,3,2,1,0:T(8,128)S(1)} copy(bf16")
+  assert compile_plan.cache_copies(prefetch, [(2, 1, 64, 3, 8)]) == (1, 1, 0)
+  # a copy inside a fusion lands where the fusion's result does
+  fused = hlo.replace("f32[1,64]{1,0} copy(f32[1,64]{1,0} %x)",
+                      "f32[1,64]{1,0} copy(f32[1,64]{1,0:S(1)} %x)\n"
+                      "  ROOT %b = f32[1,64]{1,0:S(1)} bitcast(%copy.2)")
+  assert compile_plan.cache_copies(fused, [(1, 64)]) == (0, 0, 1)
   assert compile_plan.largest_copies(hlo) == [dict(shape="bf16[2,1,64,3,8]", bytes=6144)]
 
 

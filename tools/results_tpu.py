@@ -37,6 +37,9 @@ def tpu_plan_table(doc: dict) -> list[str]:
                   else "")
                + f"; per call {p['target_cache_copies_per_call']} and "
                f"{p['draft_cache_copies_per_call']}")
+      on_chip = p.get("target_cache_copies_on_chip", 0) + p.get("draft_cache_copies_on_chip", 0)
+      if on_chip:
+        place += f"; relaid out on chip per step {on_chip} (no HBM bytes)"
       if not p["temp_below_cache"]:
         big = ", ".join(f"{c['shape']} {_gb(c['bytes'])}" for c in p["largest_copies_per_call"][:2])
         place += (f"; temporaries {_gb(p['temp_bytes'])} ≥ one cache "

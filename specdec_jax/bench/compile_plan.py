@@ -14,8 +14,8 @@ params are `jax.ShapeDtypeStruct`s from `models.model.param_shapes` of the confi
 
 Each program's record: compile seconds; `memory_analysis()` bytes per device (arguments,
 outputs, temporaries, aliases, generated code) and their total; for a loop of steps, the
-caches' bytes and `in_place` (temporaries smaller than the target cache: a loop that
-copies a cache per step needs a cache-sized temporary); and `cost_analysis()` flops and
+caches' bytes and `in_place` (no copy of a cache's shape in HBM inside the loop's
+iterations: `cache_copies`); and `cost_analysis()` flops and
 bytes, which count one iteration of each loop.
 
 `step_pieces` compiles the pieces of one step alone (a target call over k = 1..K tokens
@@ -106,21 +106,44 @@ def _per_step(computations: dict[str, str]) -> set[str]:
   return seen
 
 
-def cache_copies(hlo: str, shapes) -> tuple[int, int]:
-  """(per step, per call): copy instructions in optimized HLO text whose result has one of
-  `shapes` (a cache's [L,B,S,K,H]), inside the loop's iterations and outside them (a
-  layout change on entry or exit). A loop that keeps its caches in place has none per
-  step."""
+_DEFINITION = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = \(?\w+\[[0-9,]*\](\{[^}]*\})?")
+_COPY = re.compile(r"= \(?\w+(\[[0-9,]*\])(\{[^}]*\})?\S* (?:copy|copy-start)\("
+                   r"(?:\w+\[[0-9,]*\](\{[^}]*\})? )?(%[\w.\-]+)")
+
+
+def _memory_space(layout: str | None) -> int:
+  """The memory space of an HLO layout ('{4,3,2,1,0:T(8,128)S(1)}' -> 1): 0 is the
+  device's main memory (HBM); another is the alternate memory of XLA's memory-space
+  assignment (on a TPU, on-chip memory)."""
+  m = re.search(r"S\((\d+)\)", layout or "")
+  return int(m.group(1)) if m else 0
+
+
+def cache_copies(hlo: str, shapes) -> tuple[int, int, int]:
+  """(per step, per call, per step on chip): copy instructions in optimized HLO text whose
+  result has one of `shapes` (a cache's [L,B,S,K,H]), inside the loop's iterations and
+  outside them (a layout change on entry or exit). A copy whose source and result both lie
+  in the alternate memory (a small cache that XLA keeps on chip for the loop and relays
+  out there) moves no HBM bytes: it counts as on chip, not per step. A loop that keeps its
+  caches in place has no copy per step."""
   wanted = {f"[{','.join(str(d) for d in s)}]" for s in shapes}
   computations = _computations(hlo)
   per_step = _per_step(computations)
-  counts = [0, 0]
+  space = {m.group(1): _memory_space(m.group(2)) for text in computations.values()
+           for line in text.splitlines() if (m := _DEFINITION.match(line))}
+  counts = [0, 0, 0]
   for name, text in computations.items():
+    # a fusion's result is the only buffer it writes: a copy inside it lands where it does
+    root = re.search(r"^\s*ROOT %[\w.\-]+ = \w+\[[0-9,]*\](\{[^}]*\})", text, re.M)
     for line in text.splitlines():
-      m = re.search(r"= \(?\w+(\[[0-9,]*\])\S* (copy|copy-start)\(", line)
-      if m and m.group(1) in wanted:
-        counts[name not in per_step] += 1
-  return counts[0], counts[1]
+      m = _COPY.search(line)
+      if not m or m.group(1) not in wanted:
+        continue
+      source = _memory_space(m.group(3)) if m.group(3) else space.get(m.group(4), 0)
+      result = _memory_space(m.group(2)) or _memory_space(root.group(1) if root else None)
+      on_chip = result != 0 and source != 0
+      counts[2 if name in per_step and on_chip else name not in per_step] += 1
+  return counts[0], counts[1], counts[2]
 
 
 def largest_copies(hlo: str, count: int = 3) -> list[dict]:
@@ -158,8 +181,9 @@ def compile_program(name: str, jitted, *args, cache_shapes=None, **statics) -> d
   if cache_shapes:
     hlo = compiled.as_text()
     for which, shapes in cache_shapes.items():
-      record[f"{which}_cache_copies"], record[f"{which}_cache_copies_per_call"] = (
-          cache_copies(hlo, shapes) if shapes else (0, 0))
+      (record[f"{which}_cache_copies"], record[f"{which}_cache_copies_per_call"],
+       record[f"{which}_cache_copies_on_chip"]) = (
+          cache_copies(hlo, shapes) if shapes else (0, 0, 0))
     record["largest_copies_per_call"] = largest_copies(hlo)
   record["total_bytes"] = (record["argument_bytes"] + record["output_bytes"]
                            + record["temp_bytes"] - record["alias_bytes"] + record["code_bytes"])
