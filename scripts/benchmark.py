@@ -42,7 +42,8 @@ from ml_collections import config_flags
 from specdec_jax.bench import prompt_sets, studies, timing
 from specdec_jax.decoding import loop, step
 from specdec_jax.decoding.spec import DecodeSpec, make_proposer, prepare, resolve_verifier
-from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax import config_proposer
+from specdec_jax.gamma import adaptive, cost_cache, machine_costs
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -93,9 +94,11 @@ def step_compile_seconds(pair, config, spec: DecodeSpec) -> float:
 
 def predicted_speedup(alpha: float, histogram: dict, c: float, v: dict) -> float:
   """The prediction at α over the γ a run used ({γ: steps}):
-  Σ_γ n_γ E[tokens](α, γ) / Σ_γ n_γ (γ c + v(γ+1)); one γ: `studies.predicted_speedup`."""
+  Σ_γ n_γ E[tokens](α, γ) / Σ_γ n_γ s(γ) (`adaptive.step_cost`); one γ:
+  `studies.predicted_speedup`."""
   tokens = studies.expected_tokens_total(alpha, histogram)
-  return tokens / sum(n * (g * c + v[g + 1]) for g, n in histogram.items())
+  return tokens / sum(n * adaptive.step_cost(adaptive.draft_calls(g), c, v[g + 1])
+                      for g, n in histogram.items())
 
 
 def merged_histogram(histograms) -> dict:
@@ -162,8 +165,8 @@ class Phases:
 
 def tree_predicted_speedup(tokens_per_step: float, tree, c: float, v: dict) -> float:
   """A tree row's prediction: measured tokens per target call over the cost of its D draft
-  calls and one target call over N + 1 tokens, D c + v(N+1)."""
-  return tokens_per_step / (tree.max_depth * c + v[tree.call_nodes + 1])
+  calls and one target call over N + 1 tokens, D c + v(N+1) (`adaptive.step_cost`)."""
+  return tokens_per_step / adaptive.step_cost(tree.max_depth, c, v[tree.call_nodes + 1])
 
 
 def auto_predicted_speedup(alpha: float, histogram: dict, table) -> float:
@@ -261,7 +264,7 @@ def main(argv):
   config = _CONFIG.value
   prompt_set = str(config.get("prompt_set", ""))
   records = prompt_sets.load_prompt_set(prompt_set) if prompt_set else None
-  gammas = [machine_costs.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
+  gammas = [config_proposer.parse_gamma(g) for g in (_GAMMAS.value or [config.gamma])]
   verifiers = list(_VERIFIERS.value or [config.verifier])
   for name in verifiers:
     resolve_verifier(name)  # a clear error for an unknown name, before any work
@@ -286,7 +289,7 @@ def main(argv):
         run=dict(context=width, max_new_tokens=int(config.max_new_tokens),
                  eos_id=None))
     auto = dict(gamma_max=gamma_max, costs=table)
-    print(f"gamma auto: gamma_max {gamma_max}, cost table {machine_costs.describe(table)}")
+    print(f"gamma auto: gamma_max {gamma_max}, cost table {cost_cache.describe(table)}")
     if not table.drafting_pays(gamma_max):
       print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
             "steps here (generate and run decode autoregressively)")

@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax.gamma import adaptive, gamma_replay, machine_costs
+from specdec_jax.gamma import adaptive, cost_cache, gamma_replay, machine_costs
 
 from specdec_jax.bench import prompt_sets
 from specdec_jax.io.atomic import atomic_write_json
@@ -75,7 +75,7 @@ def main(argv):
   gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
   table = machine_costs.run_table(config, pair, gamma_max=gamma_max, batch=1,
                                   directory=_bootstrap.COSTS_DIR)
-  print(f"cost table: {machine_costs.describe(table)}")
+  print(f"cost table: {cost_cache.describe(table)}")
   costs = table.loop_costs(gamma_max)
   prompts = prompt_sets.encode(pair.tokenizer, records)
   max_new = int(config.max_new_tokens)

@@ -27,7 +27,8 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax import config_proposer
+from specdec_jax.gamma import adaptive
 
 from specdec_jax.models import sharding
 from specdec_jax.loading import load_pair
@@ -55,11 +56,12 @@ def main(argv):
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer
   proposer = None
-  if pair.draft_config is not None:  # None: drafting does not pay here (one line said so)
-    proposer = machine_costs.config_proposer(
+  if pair.draft_config is not None:  # None: config.draft is 'none'
+    proposer = config_proposer.config_proposer(
         config, pair, directory=_bootstrap.COSTS_DIR)
-    if proposer is None:
-      pair.draft_config = None
+    if isinstance(proposer, config_proposer.PlainDecoding):
+      print(proposer.line)
+      proposer, pair.draft_config = None, None
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
   kw = dict(seed=config.seed, pad_id=tok.eos_id)

@@ -16,7 +16,7 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax.gamma import machine_costs
+from specdec_jax import config_proposer
 
 from specdec_jax.models import sharding
 
@@ -45,7 +45,7 @@ def main(argv):
   sharding.initialize_distributed(config.get("distributed", ""))  # before other JAX work
   if not config.get("mesh", ""):
     raise ValueError("mesh_benchmark needs --config.mesh=data,model")
-  gamma = machine_costs.parse_gamma(config.gamma)
+  gamma = config_proposer.parse_gamma(config.gamma)
   if gamma == "auto":
     raise ValueError("gamma 'auto' runs on one device; pass --config.gamma=<int> with "
                      "--config.mesh")

@@ -34,7 +34,7 @@ import _bootstrap  # repository root on sys.path; run(main)
 from absl import flags, logging
 from ml_collections import config_flags
 
-from specdec_jax.gamma import machine_costs
+from specdec_jax import config_proposer
 
 from specdec_jax.bench import studies
 from specdec_jax.loading import encode_prompts, load_draft, load_pair
@@ -116,9 +116,12 @@ def side_by_side(pair, config, texts, prompt_width: int | None = None) -> None:
   prompt_width; plain decoding alone where this machine's cost table says drafting does
   not pay."""
   tok = pair.tokenizer
-  proposer = machine_costs.config_proposer(
+  proposer = config_proposer.config_proposer(
       config, pair, directory=_bootstrap.COSTS_DIR,
       prompt_width=prompt_width)
+  if isinstance(proposer, config_proposer.PlainDecoding):
+    print(proposer.line)
+    proposer = None
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
   if proposer is None:

@@ -19,6 +19,7 @@ import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
 
+from specdec_jax import config_proposer
 from specdec_jax.gamma import adaptive, machine_costs
 from specdec_jax.decoding import loop
 from specdec_jax.decoding.spec import AutoGamma, DecodeSpec
@@ -70,9 +71,10 @@ def main(argv):
     raise ValueError("soak needs a draft: set --config.draft")
   batch = len(pair.prompts)
   prompts = prompt_windows(pair, 64 * batch, _PROMPT_TOKENS.value, config.seed)
-  proposer = machine_costs.config_proposer(  # gamma 'auto': this machine's cost table
+  proposer = config_proposer.config_proposer(  # gamma 'auto': this machine's cost table
       config, pair, directory=_bootstrap.COSTS_DIR)
-  if proposer is None:  # drafting does not pay here: soak the loop with plain steps anyway
+  if isinstance(proposer, config_proposer.PlainDecoding):
+    print(proposer.line + "; the soak runs gamma 'auto' anyway (plain steps)")
     gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
     proposer = AutoGamma(machine_costs.run_table(
         config, pair, gamma_max=gamma_max, directory=_bootstrap.COSTS_DIR),

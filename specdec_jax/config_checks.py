@@ -104,7 +104,7 @@ def model_name_check(role: str):
 
 
 def check_gamma(value, config):
-  from specdec_jax.gamma.machine_costs import parse_gamma
+  from specdec_jax.config_proposer import parse_gamma
   parse_gamma(value)
 
 
@@ -163,7 +163,7 @@ def check_costs(value, config):
   if not value:
     return
   _existing_file(value, "cost table")
-  from specdec_jax.gamma.machine_costs import load_pinned_table
+  from specdec_jax.gamma.cost_cache import load_pinned_table
   gamma_max = config.get("gamma_max", None)
   load_pinned_table(value, gamma_max=gamma_max if is_int(gamma_max) else None)
 

@@ -32,7 +32,8 @@ from specdec_jax.decoding.spec import make_proposer, prepare
 from specdec_jax.drafts.feature import FEATURE_LAG
 from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.drafts.ngram import NgramDraft
-from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax import config_proposer
+from specdec_jax.gamma import adaptive, cost_cache, machine_costs
 from specdec_jax.gamma.adaptive import CostTable
 from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
@@ -421,14 +422,14 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
   assert table.as_array(2).shape == (3,) and table.lookup_step_costs is None
   assert table.verify_costs is None and table.max_gamma == 2  # step costs alone
-  assert machine_costs.describe(table).startswith("s(gamma) = 0:")
-  key = machine_costs.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
+  assert cost_cache.describe(table).startswith("s(gamma) = 0:")
+  key = cost_cache.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
                                verifier="block")
-  assert key["steps"] and key != machine_costs.cost_key(
+  assert key["steps"] and key != cost_cache.cost_key(
       target, draft, batch=2, context=8, sampling=SamplingConfig(temperature=1.0),
       verifier="block")
-  stored, measured = machine_costs.load_or_measure(tmp_path, key, 2, lambda: table)
-  again, measured_again = machine_costs.load_or_measure(tmp_path, key, 2, lambda: None)
+  stored, measured = cost_cache.load_or_measure(tmp_path, key, 2, lambda: table)
+  again, measured_again = cost_cache.load_or_measure(tmp_path, key, 2, lambda: None)
   assert measured and not measured_again and again == table
 
 
@@ -565,40 +566,63 @@ def test_cost_table_cache_writes_reloads_and_remeasures(tmp_path):
 
   key = dict(cpu="test cpu", isa=["avx2"], cores=2, jax="0", devices=[], models="abc",
              batch=1, context=96)
-  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.1))
+  table, measured = cost_cache.load_or_measure(tmp_path, key, 3, fake(0.1))
   assert measured and table.c == 0.1 and calls == [0.1]
-  path = machine_costs.cache_path(tmp_path, key)
+  path = cost_cache.cache_path(tmp_path, key)
   assert path.exists()
-  again, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.2))
+  again, measured = cost_cache.load_or_measure(tmp_path, key, 3, fake(0.2))
   assert not measured and again == table and calls == [0.1]
   other = {**key, "isa": ["avx512f"]}  # another machine: another file, measured
-  assert machine_costs.cache_path(tmp_path, other) != path
-  table, measured = machine_costs.load_or_measure(tmp_path, other, 3, fake(0.3))
+  assert cost_cache.cache_path(tmp_path, other) != path
+  table, measured = cost_cache.load_or_measure(tmp_path, other, 3, fake(0.3))
   assert measured and table.c == 0.3
   path.write_text(path.read_text().replace('"test cpu"', '"edited cpu"'))  # key mismatch
-  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.4))
+  table, measured = cost_cache.load_or_measure(tmp_path, key, 3, fake(0.4))
   assert measured and table.c == 0.4
-  table, measured = machine_costs.load_or_measure(tmp_path, key, 4, fake(0.5))
+  table, measured = cost_cache.load_or_measure(tmp_path, key, 4, fake(0.5))
   assert not measured  # 5 widths stored cover γ_max = 4
   path.write_text("{not json")
-  table, measured = machine_costs.load_or_measure(tmp_path, key, 3, fake(0.6))
+  table, measured = cost_cache.load_or_measure(tmp_path, key, 3, fake(0.6))
   assert measured and table.c == 0.6 and calls == [0.1, 0.3, 0.4, 0.6]
 
 
 def test_cost_key_names_machine_and_models(greedy_pairs):
   target, _, draft, _ = greedy_pairs["model"]
-  key = machine_costs.cost_key(target, draft, batch=2)
+  key = cost_cache.cost_key(target, draft, batch=2)
   assert {"cpu", "isa", "cores", "jax", "models", "batch", "context"} <= set(key)
-  assert key != machine_costs.cost_key(target, draft.replace(num_layers=2), batch=2)
-  assert key != machine_costs.cost_key(target, draft, batch=3)
+  assert key != cost_cache.cost_key(target, draft.replace(num_layers=2), batch=2)
+  assert key != cost_cache.cost_key(target, draft, batch=3)
 
 
 @pytest.mark.parametrize("value,want", [("auto", "auto"), ("4", 4), (3, 3), (" 2 ", 2)])
 def test_parse_gamma(value, want):
-  assert machine_costs.parse_gamma(value) == want
+  assert config_proposer.parse_gamma(value) == want
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two", 0, True, 2.5])
 def test_parse_gamma_rejects(value):
   with pytest.raises(ValueError, match="gamma must be 'auto' or an int >= 1"):
-    machine_costs.parse_gamma(value)
+    config_proposer.parse_gamma(value)
+
+
+def test_config_proposer_decides_plain_decoding_where_drafting_does_not_pay(tmp_path):
+  """gamma 'auto' over a pinned table in which no γ pays is an explicit decision
+  (`config_proposer.PlainDecoding`, with the line the scripts print), not a None; a table
+  in which drafting pays gives AutoGamma over it."""
+  import json
+  import types
+
+  import ml_collections
+
+  pair = types.SimpleNamespace(prompts=[[1, 2, 3]], tokenizer=types.SimpleNamespace(eos_id=0))
+  got = {}
+  for name, table in (("nothing", NOTHING_PAYS), ("switching", SWITCHING)):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(table.to_dict()))
+    config = ml_collections.ConfigDict(dict(gamma="auto", gamma_max=3, costs=str(path),
+                                            tree="", max_new_tokens=8))
+    got[name] = config_proposer.config_proposer(config, pair, directory=tmp_path,
+                                                log=lambda line: None)
+  assert isinstance(got["nothing"], config_proposer.PlainDecoding)
+  assert "drafting does not pay" in got["nothing"].line
+  assert isinstance(got["switching"], AutoGamma) and got["switching"].costs == SWITCHING

@@ -12,7 +12,7 @@ From the pieces' times t_target(k), t_draft and t_verify(γ) a chip's cost model
   v(k) = t_target(k) / t_target(1),   c = t_draft / t_target(1),
   s(γ) = max(γ, 1) c + v(γ + 1) + t_verify(γ) / t_target(1)      (s(0) = c + 1 here),
 the step costs in plain steps that `adaptive.CostTable` holds and gamma 'auto' chooses
-from (the max(γ, 1) is the loop's own: a γ = 0 step still runs the draft once). What it
+from (`adaptive.step_cost` of `adaptive.draft_calls(γ)`, the loop's own count). What it
 leaves out: on-chip latency per fused op and per `while_loop` iteration (the per-call
 term, a parameter with default 0), the host, and on a mesh the collectives.
 
@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from specdec_jax.bench import studies
+from specdec_jax.gamma import adaptive
 from specdec_jax.gamma.adaptive import CostTable
 
 
@@ -84,7 +85,8 @@ def step_model(pieces: dict, chip: Chip, call_overhead_s: float = 0.0) -> dict:
   verify = {int(g): chip.seconds(cost, call_overhead_s) / t1
             for g, cost in pieces["verify"].items()}
   gamma_max = min(max(verify), max(v) - 1)
-  steps = [max(g, 1) * c + v[g + 1] + (verify.get(g, 0.0) if g else 0.0)
+  steps = [adaptive.step_cost(adaptive.draft_calls(g), c, v[g + 1],
+                              verify.get(g, 0.0) if g else 0.0)
            for g in range(gamma_max + 1)]
   cost1 = pieces["target"][1]
   bound = ("memory" if cost1["bytes"] / chip.hbm_bytes_per_s

@@ -6,7 +6,7 @@ Letters: B batch, G = γ drafted tokens per step.
   E[tokens/step]       (1 - α^(G+1)) / (1 - α)                  (i.i.d. acceptance)
   c                    draft step time / target step time      (one token, batch B)
   v(k)                 target time for k tokens / for 1 token  (1 on ideal hardware)
-  predicted speedup    E[tokens/step] / (G c + v(G+1))
+  predicted speedup    E[tokens/step] / (max(G, 1) c + v(G+1))   (`adaptive.step_cost`)
 
 Timings are wall-clock medians over repeats after a warm-up call, so compile time
 is excluded (`specdec_jax.bench.timing`); the ratio speculative/autoregressive is measured
@@ -47,14 +47,17 @@ def expected_tokens_total(alpha: float, histogram: dict[int, int]) -> float:
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
-  """E[tokens/step] / (γ c + v(γ+1)); verify_cost = 1 gives Leviathan's formula."""
-  return expected_tokens_per_step(alpha, gamma) / (gamma * c + verify_cost)
+  """E(α, γ) / s(γ), s(γ) = `adaptive.step_cost` of `adaptive.draft_calls(γ)` at c and
+  v(γ+1) = verify_cost (1: Leviathan's formula, γ c + 1 for γ >= 1)."""
+  return expected_tokens_per_step(alpha, gamma) / adaptive.step_cost(
+      adaptive.draft_calls(gamma), c, verify_cost)
 
 
 def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma: int = 8):
-  """(γ, predicted speedup) maximising the prediction; verify_costs maps k -> v(k)."""
+  """(γ, predicted speedup) maximising the prediction over γ = 0..max_gamma, as gamma
+  'auto' searches (`adaptive.CostTable.best_gamma`); verify_costs maps k -> v(k)."""
   scores = {g: predicted_speedup(alpha, g, c, verify_costs.get(g + 1, 1.0))
-            for g in range(1, max_gamma + 1)}
+            for g in range(0, max_gamma + 1)}
   g = max(scores, key=scores.get)
   return g, scores[g]
 

@@ -42,6 +42,7 @@ import numpy as np
 from specdec_jax import loading
 
 from specdec_jax.bench import prompt_sets, studies
+from specdec_jax.gamma import adaptive
 from specdec_jax.bench.sweep_tables import (_prompt_alphas, best_gammas, generation_stats,
                                             plot, write_outputs)
 from specdec_jax.bench.timing import interleaved_seconds, timed_call
@@ -221,12 +222,13 @@ def _timed(sd_fn, ar_fn, ar_results, repeats: int) -> tuple[list[GenerationResul
 
 def _predictions(stats: dict, gamma: int, c: float, v: float) -> dict:
   """Predicted speedups: from α (i.i.d.), from the measured and the padded tokens/step."""
-  cost = gamma * c + v
+  cost = adaptive.step_cost(adaptive.draft_calls(gamma), c, v)
   return dict(time_c=c, time_v=v,
               time_predicted_speedup=stats["predicted_tokens_per_step"] / cost,
               time_predicted_speedup_from_measured=stats["tokens_per_step"] / cost,
               time_predicted_speedup_padded=stats["tokens_per_loop_step"] / cost,
-              time_leviathan_speedup=stats["predicted_tokens_per_step"] / (gamma * c + 1.0))
+              time_leviathan_speedup=stats["predicted_tokens_per_step"] / adaptive.step_cost(
+                  adaptive.draft_calls(gamma), c, 1.0))
 
 
 def _expand_positions(stats: dict, width: int) -> dict:

@@ -8,8 +8,9 @@ the cost s(γ) of one speculative step in which a row proposes γ drafts, in pla
   measured  s(γ) = t(a whole compiled step of call width γ+1) / t(a plain step), timed in
             the compiled decode loop itself (`machine_costs.measure_steps`): the draft,
             its sampling, the verifier, the lookup and the bookkeeping included;
-  modelled  s(γ) = max(γ, 1) c + v(γ+1) from c = draft call / target call (one token)
-            and v(k) = target call over k tokens / over 1 (`studies`).
+  modelled  s(γ) = max(γ, 1) c + v(γ+1) (`step_cost` of `draft_calls(γ)`) from c = draft
+            call / target call (one token) and v(k) = target call over k tokens / over 1
+            (`studies`).
 The model leaves out everything but the two models' forward calls (the draft's sampling,
 the verifier and the bookkeeping: a sizeable part of a step on a small CPU target, more at
 temperature > 0, where every drafted token is sampled over the whole vocabulary), so the
@@ -143,9 +144,8 @@ class CostTable:
                        f"table covers k <= {self.max_gamma + 1}")
     if self.step_costs is not None:
       return np.asarray(self.step_costs[: gamma_max + 1], np.float32)
-    g = np.arange(gamma_max + 1)
-    return (np.maximum(g, 1) * self.c + np.asarray(self.verify_costs[: gamma_max + 1])
-            ).astype(np.float32)
+    return np.asarray([step_cost(draft_calls(g), self.c, self.verify_costs[g])
+                       for g in range(gamma_max + 1)], np.float32)
 
   def loop_costs(self, gamma_max: int) -> np.ndarray:
     """float32 [2,G+1]: s_src(0..G) per proposal source (DRAFT, LOOKUP), the decode
@@ -169,6 +169,22 @@ class CostTable:
     """True when some γ >= 1 beats a plain step (cost 1, one token) at acceptance `alpha`."""
     g = self.max_gamma if gamma_max is None else gamma_max
     return any(self.predicted_speedup(alpha, k) > 1.0 for k in range(1, g + 1))
+
+
+def draft_calls(gamma: int) -> int:
+  """Draft calls of a chain step in which a row proposes γ drafts: γ, and one at γ = 0
+  (its q_1 keeps α̂ alive; `decoding.step`). The one count of the modelled step costs
+  (`step_cost`): the loop's choice, the studies' and the benchmark's predictions and the
+  roofline all take it from here."""
+  return max(int(gamma), 1)
+
+
+def step_cost(calls: int, c: float, verify_cost: float, verifier_cost: float = 0.0) -> float:
+  """The modelled cost of one step in plain steps, calls·c + v(k) + verifier_cost: `calls`
+  draft calls (`draft_calls(γ)` for a chain, the depth D for a tree) at c each, one target
+  call over k tokens at v(k) = verify_cost (k = γ+1, or a tree's N+1), and the verifier's
+  own time where it is modelled (the roofline), in target-call times."""
+  return calls * c + verify_cost + verifier_cost
 
 
 def expected_tokens(alpha, gamma_max: int):

@@ -1,4 +1,4 @@
-"""This machine's cost table for gamma='auto': measured once, cached per machine and models.
+"""This machine's step costs for gamma='auto': the one harness that times them.
 
 Letters: B batch, G = γ_max.
 
@@ -10,51 +10,36 @@ propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each 
 median of `repeats` rounds divided by the steps run, the widths and the plain step
 interleaved in each round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a
 disturbed timing of the plain step gives). With a draft that skips plain steps
-(`Draft.skip_lag`, FEATURE_LAG for a feature draft), s(0) is the mean over a row's probe
-cycle: FEATURE_LAG - 1 steps that skip the draft and one that runs it, the steps of one
-timed call. With a draft whose `cost_sources` include a lookup the same compiled loop also
-times s_lookup(γ), steps in which every row takes the lookup (a context that repeats
-itself, so every row's lookup matches). Given the shapes of the run about to decode
-(`config_proposer`), the table compiles nothing of its own: the loops it times are the
-run's, compiled once for both (docs/results_archive.md#step-timing). The model's c (draft
-step / target step, one token each) and v(k) = t(k tokens) / t(1 token) are the
-benchmark's to time and report (`studies.cost_coefficient`, `studies.verify_cost_curve`);
-a table of them (`CostTable(c, verify_costs)`) is what tests inject. `load_or_measure`
-keeps a table in
-`<directory>/<key hash>.json` (scripts use runs/costs/, ignored by git) under a key of
-everything that changes it:
-  machine     CPU model, ISA flags, logical cores, JAX version, devices (`io.machine`)
-  models      sha256 of the target and draft configs (reprs)
-  batch
-  sampling, verifier   for step costs (a step samples and verifies at the run's settings);
-                       context for the modelled c and v(k)
-Step costs are timed at the first run's prompt width and generation length and serve
-every later run of the same key (the cost of a step changes little with the context).
-A stored table whose key differs, or that covers fewer than G+1 widths, is measured
-again and replaced (written with `io.atomic`). The tables are timings of the machine
-they were taken on: never commit them.
+(`Draft.skip_lag` L > 0), a timed call runs L steps and s(0) is the mean over a row's probe
+cycle: L - 1 steps that skip the draft and one that runs it. With a draft whose
+`cost_sources` include a lookup the same compiled loop also times s_lookup(γ), steps in
+which every row takes the lookup (a context that repeats itself, so every row's lookup
+matches). Given the shapes of the run about to decode (`config_proposer`), the table
+compiles nothing of its own: the loops it times are the run's, compiled once for both
+(docs/results_archive.md#step-timing). The model's c (draft step / target step, one token
+each) and v(k) = t(k tokens) / t(1 token) are the benchmark's to time and report
+(`studies.cost_coefficient`, `studies.verify_cost_curve`); a table of them
+(`CostTable(c, verify_costs)`) is what tests inject.
+
+`table_for` and `run_table` give a run its table: pinned by config.costs, else cached on
+disk (`cost_cache`, keyed by machine, models, batch, sampling and verifier) and measured
+here once. Step costs are timed at the first run's prompt width and generation length
+and serve every later run of the same key (the cost of a step changes little with the
+context).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import pathlib
 from typing import Callable
 
 import numpy as np
 
 from specdec_jax.bench import timing
-from specdec_jax.gamma.adaptive import CostTable
-from specdec_jax.drafts.feature import FEATURE_LAG
 from specdec_jax.drafts.registry import as_draft
-from specdec_jax.io import machine
-from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.gamma.adaptive import CostTable
+from specdec_jax.gamma.cost_cache import (MEASURE_CONTEXT, cache_path, cost_key, load_or_measure, load_pinned_table)
 
-# Context (cached tokens) steps are timed at when no run gives its prompt width: a short
-# prompt plus half a generation.
-MEASURE_CONTEXT = 96
 # The shortest context a lookup source's steps are timed at: a text that repeats with
 # period min(16, context // 2), so trailing matches of up to 15 tokens exist from the first
 # step. A run's shorter prompt (a one-token prompt has nothing earlier to match) times every
@@ -62,40 +47,13 @@ MEASURE_CONTEXT = 96
 LOOKUP_CONTEXT = 32
 
 
-def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_CONTEXT,
-             sampling=None, verifier: str | None = None) -> dict:
-  """The identity of a cost table: this machine, the two models and batch; for step costs
-  (`measure_steps`) the sampling rules and verifier, else (a modelled table of c and v(k),
-  `studies`) the context."""
-  import jax
-
-  model, isa = machine.cpu_info()
-  models = hashlib.sha256(f"{target_config!r}|{draft_config!r}".encode()).hexdigest()
-  key = dict(cpu=model, isa=isa, cores=machine.cores(), jax=jax.__version__,
-             devices=machine.devices(), models=models, batch=int(batch))
-  if sampling is None:
-    key.update(context=int(context))
-  else:
-    # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
-    # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
-    # timed call), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=7)
-  return key
-
-
-def cache_path(directory: str | os.PathLike, key: dict) -> pathlib.Path:
-  """<directory>/<sha256 of the key, 16 hex digits>.json."""
-  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-  return pathlib.Path(directory) / f"{digest}.json"
-
-
 STEP_REPEATS = 5
 # Loop steps per timed call. A call's fixed cost (entering the compiled loop with its
 # state) is a noticeable fraction of one step, so one step per call overstates s(γ); over
-# FEATURE_LAG steps it is small, and a feature draft's γ = 0 steps, timed from a row's last
-# probe, are then one probe cycle (FEATURE_LAG - 1 steps that skip the draft, one that runs
-# it). The measurements behind this: docs/results_archive.md#step-timing.
-STEPS_PER_CALL = FEATURE_LAG
+# eight steps it is small (docs/results_archive.md#step-timing). A draft with a skip lag L
+# times L steps per call instead, so its γ = 0 steps, timed from a row's last probe, are one
+# probe cycle (L - 1 steps that skip the draft, one that runs it).
+STEPS_PER_CALL = 8
 # The generation length the steps are timed under when a caller gives none (it sizes the
 # token buffer and caches of the timed loop, as in a run of that many new tokens).
 MEASURE_NEW_TOKENS = 64
@@ -148,7 +106,7 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   plain_spec = DecodeSpec(max_new_tokens, sampling=sampling, eos_id=eos_id)
   auto_spec = DecodeSpec(max_new_tokens, AutoGamma(placeholder, gamma_max), sampling=sampling,
                          verifier=verifier, eos_id=eos_id)
-  steps = min(STEPS_PER_CALL, max_new_tokens)
+  steps = min(drafter.skip_lag or STEPS_PER_CALL, max_new_tokens)
 
   def run_from(params, prepared, state, costs, n):
     """() -> the state after the loop ran from `state` with its step index n below the
@@ -229,56 +187,6 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
                    lookup_step_costs=lookup_costs)
 
 
-def load_or_measure(directory: str | os.PathLike, key: dict, gamma_max: int,
-                    measure_fn: Callable[[], CostTable]) -> tuple[CostTable, bool]:
-  """(table, measured now): the cached table of `key` if it covers γ_max, else
-  measure_fn() written to `cache_path(directory, key)`."""
-  path = cache_path(directory, key)
-  try:
-    stored = json.loads(path.read_text())
-    table = CostTable.from_dict(stored)
-    if stored.get("key") == key and table.max_gamma >= gamma_max:
-      return table, False
-  except (OSError, ValueError, KeyError, TypeError):
-    pass  # missing, unreadable or another table: measure
-  table = measure_fn()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(path, dict(key=key, **table.to_dict()))
-  return table, True
-
-
-def load_pinned_table(path: str | os.PathLike, gamma_max: int | None = None) -> CostTable:
-  """A cost table pinned by a file (config.costs): a cached table of runs/costs/, or a
-  result that recorded the table its gamma 'auto' chose from (a JSON object holding it
-  under 'cost_table', or under meta.auto_cost_table as the benchmark writes it). With
-  a pinned table, gamma 'auto' chooses the same γ on any machine: the same seed gives
-  the same tokens. gamma_max: refuse a table that stops below it."""
-  try:
-    stored = json.loads(pathlib.Path(path).read_text())
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-    raise ValueError(f"cost table {os.fspath(path)!r} is not readable JSON: "
-                     f"{str(exc).splitlines()[0]}") from None
-  if isinstance(stored, dict):
-    for holder in (stored.get("meta"), stored):
-      if isinstance(holder, dict):
-        for name in ("auto_cost_table", "cost_table"):
-          if isinstance(holder.get(name), dict):
-            stored = holder[name]
-            break
-  if not isinstance(stored, dict) or not any(stored.get(k) is not None for k in (
-      "step_costs", "verify_costs")):
-    raise ValueError(f"{os.fspath(path)!r} holds no cost table (step_costs or c and "
-                     f"verify_costs; a result file of a gamma 'auto' run holds one)")
-  try:
-    table = CostTable.from_dict(stored)
-  except ValueError as exc:
-    raise ValueError(f"cost table {os.fspath(path)!r}: {str(exc).splitlines()[0]}") from None
-  if gamma_max is not None and table.max_gamma < gamma_max:
-    raise ValueError(f"cost table {os.fspath(path)!r} holds step costs up to gamma "
-                     f"{table.max_gamma}, below gamma_max {gamma_max}")
-  return table
-
-
 def run_table(config, pair, *, gamma_max: int, directory: str | os.PathLike,
               batch: int | None = None, run: dict | None = None,
               log: Callable[[str], None] = print) -> CostTable:
@@ -314,59 +222,3 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
   return table
 
 
-def describe(table: CostTable) -> str:
-  """One line: the step costs s(γ) where measured, c and v(k) where the table holds them."""
-  parts = []
-  if table.verify_costs is not None:
-    parts.append(f"c = {table.c:.3f}  v(k) = " + " ".join(
-        f"{k}:{x:.2f}" for k, x in enumerate(table.verify_costs, start=1)))
-  if table.step_costs is not None:
-    parts.append("s(gamma) = " + " ".join(f"{g}:{x:.2f}"
-                                          for g, x in enumerate(table.step_costs)))
-  line = "  ".join(parts)
-  if table.lookup_step_costs is not None:
-    line += "  lookup s(gamma) = " + " ".join(
-        f"{g}:{x:.2f}" for g, x in enumerate(table.lookup_step_costs))
-  return line
-
-
-def parse_gamma(value) -> int | str:
-  """A config's gamma -> 'auto' or an int >= 1 (configs hold it as a string: 'auto', '4')."""
-  if isinstance(value, str) and value.strip() == "auto":
-    return "auto"
-  if isinstance(value, str) and value.strip().isdigit():
-    value = int(value.strip())
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"gamma must be 'auto' or an int >= 1, got {value!r}")
-  return value
-
-
-def config_proposer(config, pair, *, directory: str | os.PathLike,
-                    prompt_width: int | None = None, log: Callable[[str], None] = print):
-  """The proposer (`decoding.spec`) of a run config and `loading.Pair`: TreeProposal for a
-  config.tree (with a fixed gamma only); FixedGamma for a fixed config.gamma;
-  AutoGamma(table, gamma_max) for 'auto' (the table from `table_for`);
-  None when the table says no γ >= 1 pays even at α = `adaptive.PAYS_AT_ALPHA` (one line
-  says so: decode with autoregressive_generate). prompt_width: the width the run pads its
-  prompts to, if any (where a table is measured, its steps are timed in the run's own
-  loop: `table_for`)."""
-  from specdec_jax.decoding.spec import AutoGamma, FixedGamma, make_proposer
-  from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
-  from specdec_jax.verification.tree_shapes import parse_tree
-
-  gamma = parse_gamma(config.gamma)
-  tree = parse_tree(str(config.get("tree", "") or ""))
-  if tree is not None:
-    return make_proposer(gamma, tree=tree, tree_rule=str(config.get("tree_rule", "sampled")))
-  if gamma != "auto":
-    return FixedGamma(gamma)
-  gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
-  run = dict(context=max([len(p) for p in pair.prompts] + [prompt_width or 0]),
-             max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
-  table = run_table(config, pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
-  if not table.drafting_pays(gamma_max):
-    log(f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
-        f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
-        f"plain autoregressive")
-    return None
-  return AutoGamma(table, gamma_max)
