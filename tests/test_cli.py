@@ -78,3 +78,26 @@ def test_fetch_qwen_with_an_unwritable_cache_exits_2_with_one_line(tmp_path, whe
   assert proc.stderr.strip().splitlines() == [
       f"error: cache directory {bad} ({'$SPECDEC_CACHE' if where == 'env' else '--cache_dir'})"
       " cannot be created: No such file or directory"]
+
+
+def test_profile_step_splits_the_chain_step_into_its_pieces(tmp_path):
+  """scripts/profile_step.py on the tiny pair: both loops ran the steps they were meant to
+  (it raises otherwise), the split adds up to the chain step in plain steps, and a bad flag
+  is one line before anything loads."""
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+
+  def profile(*flags):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / "profile_step.py"),
+                           "--config=configs/tiny.py", *flags], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+  out = tmp_path / "profile.json"
+  proc = profile("--gamma=2", "--steps=2", "--repeats=1", f"--out={out}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  doc = json.loads(out.read_text())
+  assert doc["plain_steps"]["plain step"] == 1.0 and doc["gamma"] == 2
+  assert sum(doc["split"].values()) == pytest.approx(doc["plain_steps"]["chain step"])
+  assert {"cpu", "git_commit", "command"} <= set(doc["stamp"])
+  bad = profile("--steps=0")
+  assert bad.returncode == 2
+  assert bad.stderr.strip().splitlines()[-1] == "error: --steps must be an int >= 1, got 0"

@@ -1,0 +1,171 @@
+r"""Where one speculative step's time goes: the run's own compiled loop beside its pieces.
+
+  python scripts/profile_step.py --config=configs/qwen25_coder.py [--gamma=3] [--out=FILE.json]
+
+In one process, each timed once in every round (median of --repeats, compile excluded by a
+first call each; `bench.timing.interleaved_seconds`), on the config's first prompt at batch 1:
+  plain step   the autoregressive loop (`loop.run_steps_jit`), --steps steps from a
+               prefilled state, per step;
+  chain step   the speculative loop at a fixed γ, --steps steps from the same state, per
+               step (every row proposes γ each step);
+  pieces       each compiled alone at the prompt's context: the target call over 1 and over
+               γ+1 tokens, the draft call with its head and without (cache only: an
+               independent draft ends each chain with one, to write x_γ), and the
+               verifier the step runs (`greedy_verify` at T = 0) on γ drafts.
+Every figure is in plain steps (seconds / plain step), so the step's split reads
+  step = γ·c_head + c_cache + v(γ+1)·t(1) + verifier + the rest,
+the rest being the sampling and warps, the caches' bookkeeping and the loop itself: what
+the pieces alone do not show. A piece called alone also pays one host dispatch (a fraction
+of a millisecond), which the loop does not: the split is for pairs whose calls take tens of
+milliseconds (the Qwen pair), not for configs/tiny.py, where the rest comes out negative.
+Printed as a table and written to --out with the machine stamp.
+"""
+
+import _bootstrap  # repository root on sys.path; run(main)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags, logging
+from ml_collections import config_flags
+
+CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_READS = (
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "max_seq_len", "unstacked", "chat", "prompts", "verifier", "temperature", "top_k",
+    "top_p", "seed")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
+_GAMMA = flags.DEFINE_integer("gamma", 3, "drafts per chain step")
+_STEPS = flags.DEFINE_integer("steps", 8, "loop steps per timed call")
+_REPEATS = flags.DEFINE_integer("repeats", 9, "timed rounds (median)")
+_OUT = flags.DEFINE_string("out", "", "write the figures as JSON here")
+
+
+def _checked_flags():
+  for name, flag, low in (("gamma", _GAMMA, 1), ("steps", _STEPS, 1), ("repeats", _REPEATS, 1)):
+    if flag.value < low:
+      raise ValueError(f"--{name} must be an int >= {low}, got {flag.value}")
+
+
+def loop_call(target, draft_params, prepared, state, steps: int):
+  """() -> the state after `steps` loop steps from `state` (a fresh copy each call: the
+  loop donates its state), and the steps it ran."""
+  from specdec_jax.decoding import loop
+  end = prepared.spec.max_new_tokens
+  start = state.replace(step=jnp.full_like(state.step, end - steps))
+
+  def call():
+    fresh = jax.tree.map(jnp.copy, start)
+    return jax.block_until_ready(loop.run_prepared(target, draft_params, fresh, prepared))
+  return call
+
+
+def verifier_call(verify_fn, *, gamma: int, vocab: int, seed: int):
+  """() -> the verifier's tokens on γ drafts from random laws over the vocabulary."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+  qs = jax.nn.softmax(jax.random.normal(keys[0], (1, gamma, vocab)), -1)
+  ps = jax.nn.softmax(jax.random.normal(keys[1], (1, gamma + 1, vocab)), -1)
+  xs = jax.random.categorical(keys[2], jnp.log(qs)).astype(jnp.int32)
+  verify_keys = jax.random.split(keys[3], 1)
+  run = jax.jit(verify_fn)
+  return lambda: jax.block_until_ready(run(xs, qs, ps, verify_keys))
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  _checked_flags()
+  config = _CONFIG.value
+  from specdec_jax.bench import studies, timing
+  from specdec_jax.decoding import loop
+  from specdec_jax.decoding.spec import DecodeSpec, FixedGamma, prepare
+  from specdec_jax.drafts.independent import IndependentDraft
+  from specdec_jax.drafts.registry import as_draft
+  from specdec_jax.io.atomic import atomic_write_json
+  from specdec_jax.io.machine import machine_stamp
+  from specdec_jax.loading import load_pair
+  from specdec_jax.verification.verify import greedy_verify
+
+  pair = load_pair(config)
+  if pair.draft_config is None:
+    raise ValueError("config.draft is 'none': a step profile needs a draft")
+  gamma, steps = _GAMMA.value, _STEPS.value
+  prompt = pair.prompts[0]
+  context = len(prompt)
+  greedy = pair.sampling.temperature == 0
+  # room for every timed step to emit γ+1 tokens: no row is done before the steps are run
+  spec = DecodeSpec(steps * (gamma + 1) + 1, FixedGamma(gamma), sampling=pair.sampling,
+                    verifier=pair.verifier, vocab_size=pair.vocab_size)
+  plain_spec = DecodeSpec(spec.max_new_tokens, sampling=pair.sampling,
+                          vocab_size=pair.vocab_size)
+  chain = prepare(pair.target, pair.draft, [prompt], spec, seed=config.seed)
+  plain = prepare(pair.target, None, [prompt], plain_spec, seed=config.seed)
+  draft = as_draft(pair.draft_config)
+  model = draft.model_config
+  fns = {
+      "plain step": loop_call(pair.target, None, plain,
+                              loop.prefill(pair.target, None, plain), steps),
+      "chain step": loop_call(pair.target, pair.draft_params, chain,
+                              loop.prefill(pair.target, pair.draft_params, chain), steps),
+      "target call, 1 token": studies.forward_call(
+          pair.target_params, pair.target_config, batch=1, tokens=1, context=context),
+      f"target call, {gamma + 1} tokens": studies.forward_call(
+          pair.target_params, pair.target_config, batch=1, tokens=gamma + 1, context=context),
+      "verifier": verifier_call(greedy_verify if greedy else chain.spec.verify_fn,
+                                gamma=gamma, vocab=pair.vocab_size, seed=config.seed),
+  }
+  feature = dict(input_embed=pair.target_params["embed"]) if model is not None and \
+      model.feature_layers else {}
+  if model is not None:
+    fns["draft call"] = studies.forward_call(pair.draft_params, model, batch=1, tokens=1,
+                                             context=context, **feature)
+    fns["draft call, cache only"] = studies.forward_call(
+        pair.draft_params, model, batch=1, tokens=1, context=context, return_logits=False,
+        **feature)
+  print(f"target {config.target}  draft {config.draft}  gamma {gamma}  context {context}  "
+        f"T={pair.sampling.temperature:g}  {steps} loop steps per call, median of "
+        f"{_REPEATS.value}")
+  seconds, results = timing.interleaved_seconds(fns, _REPEATS.value, warmup=True)
+  for name in ("plain step", "chain step"):  # per step: every row ran `steps` steps
+    ran = int(results[name].step) - (spec.max_new_tokens - steps)
+    if ran != steps:
+      raise RuntimeError(f"{name}: the loop ran {ran} steps, meant {steps}")
+    seconds[name] /= steps
+  plain_s = seconds["plain step"]
+  unit = {name: s / plain_s for name, s in seconds.items()}
+  tokens = np.asarray(results["chain step"].accepted)[0, -steps:] + 1
+  # an independent draft's chain: γ calls with the head, one cache-only call (x_γ)
+  head_calls = gamma if model is not None else 0
+  cache_calls = 1 if isinstance(draft, IndependentDraft) or (
+      hasattr(draft, "inner") and isinstance(draft.inner, IndependentDraft)) else 0
+  split = {
+      "draft calls": head_calls * unit.get("draft call", 0.0)
+      + cache_calls * unit.get("draft call, cache only", 0.0),
+      "target call": unit[f"target call, {gamma + 1} tokens"],
+      "verifier": unit["verifier"],
+  }
+  split["the rest (sampling, bookkeeping, loop)"] = unit["chain step"] - sum(split.values())
+  print("piece | seconds | plain steps")
+  for name, s in seconds.items():
+    print(f"{name} | {s * 1e3:.2f} ms | {unit[name]:.3f}")
+  print(f"chain step = {unit['chain step']:.3f} plain steps, split:")
+  for name, value in split.items():
+    print(f"  {name}: {value:.3f} ({value / unit['chain step']:.0%})")
+  c = unit.get("draft call", 0.0) / unit["target call, 1 token"]
+  v = unit[f"target call, {gamma + 1} tokens"] / unit["target call, 1 token"]
+  model_cost = gamma * c + v
+  print(f"c = {c:.3f}  v({gamma + 1}) = {v:.2f}  gamma c + v = {model_cost:.2f} target-call "
+        f"times; the step is {unit['chain step'] / unit['target call, 1 token']:.2f} of them "
+        f"({unit['chain step'] / unit['target call, 1 token'] / model_cost - 1:+.0%}); "
+        f"tokens per step in the timed steps {tokens.mean():.2f}")
+  if _OUT.value:
+    atomic_write_json(_OUT.value, dict(
+        stamp=machine_stamp(), gamma=gamma, steps=steps, repeats=_REPEATS.value,
+        context=context, temperature=pair.sampling.temperature,
+        seconds=seconds, plain_steps=unit, split=split, c=c, v=v,
+        tokens_per_step=float(tokens.mean())))
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  _bootstrap.run(main)
