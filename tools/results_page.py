@@ -273,6 +273,15 @@ SECTIONS += (
     tpu_plan("tpu-plan-llama-mesh", "tpu_plan_llama_1b_mesh_v5e16.json",
              "Compile plan: a Llama-3.2-1B-shaped target on a v5e-16 mesh (4 hosts)",
              "llama_1b_mesh", "v5e:4x4", "--mesh=4,4"),
+    Section("profile-step-qwen", "profile_step_qwen25_coder.json", "profile_step",
+            "Where the Qwen pair's γ = 3 step goes",
+            "The run's own compiled loops, a plain step and a chain step of γ = 3, timed beside "
+            "the step's pieces compiled alone (the target call over 1 and 4 tokens, the 0.5B "
+            "draft's call with its head and the cache-only call that ends each chain, the "
+            "verifier), in turn in one process, on the config's first prompt at batch 1. In "
+            "plain steps; the rest is the sampling, the caches' bookkeeping and the loop.",
+            made_by="python scripts/profile_step.py --config=configs/qwen25_coder.py --gamma=3 "
+                    f"--out={RESULTS_DIR}/profile_step_qwen25_coder.json"),
 )
 
 
@@ -358,12 +367,14 @@ TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fre
           "distill_curve": results_tables.distill_table,
           "tree_study": results_tables.tree_table,
           "gamma_rules": results_tables.gamma_rules_table,
-          "tpu_plan": results_tpu.tpu_plan_table}
+          "tpu_plan": results_tpu.tpu_plan_table,
+          "profile_step": results_tables.profile_step_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
              "distill_curve": results_tables.distill_headline,
              "tree_study": results_tables.tree_headline,
              "gamma_rules": results_tables.gamma_rules_headline,
-             "tpu_plan": results_tpu.tpu_plan_headline}
+             "tpu_plan": results_tpu.tpu_plan_headline,
+             "profile_step": results_tables.profile_step_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

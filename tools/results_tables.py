@@ -475,3 +475,37 @@ def gamma_rules_headline(title: str, doc: dict) -> list[tuple[str, str]]:
     if name in rows:
       parts.append(f"'{name}' {rows[name]['speedup']:.2f}x")
   return [(title + ": predicted speedup over the set", "; ".join(parts))]
+
+
+def profile_step_table(doc: dict) -> list[str]:
+  """scripts/profile_step.py --out: each timed piece, then the step's split."""
+  unit = doc["plain_steps"]
+  lines = [f"γ {doc['gamma']}, context {doc['context']} tokens, T = {doc['temperature']:g}, "
+           f"{doc['steps']} loop steps per timed call, median of {doc['repeats']} rounds; "
+           f"{doc['tokens_per_step']:.2f} tokens per step in the timed steps.", ""]
+  lines += table(["piece", "ms", "plain steps"],
+                 [[name, num(s * 1e3, ".2f"), num(unit[name], ".3f")]
+                  for name, s in doc["seconds"].items()])
+  step = unit["chain step"]
+  lines += ["", f"The chain step, {step:.2f} plain steps, split:", ""]
+  lines += table(["part", "plain steps", "share"],
+                 [[name, num(value, ".3f"), f"{value / step:.0%}"]
+                  for name, value in doc["split"].items()])
+  model = doc["gamma"] * doc["c"] + doc["v"]
+  per_call = step / unit["target call, 1 token"]
+  lines += ["", f"c = {doc['c']:.3f}, v({doc['gamma'] + 1}) = {doc['v']:.2f}: γc + v = "
+            f"{model:.2f} target-call times, and the step takes {per_call:.2f} of them "
+            f"({per_call / model - 1:+.0%})."]
+  return lines
+
+
+def profile_step_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """The step in plain steps, its model's figure and the rest."""
+  unit, split = doc["plain_steps"], doc["split"]
+  per_call = unit["chain step"] / unit["target call, 1 token"]
+  model = doc["gamma"] * doc["c"] + doc["v"]
+  rest = next(v for k, v in split.items() if k.startswith("the rest"))
+  return [(title, f"step {per_call:.2f} target-call times against γc + v = {model:.2f}; "
+                  f"target call {split['target call'] / unit['chain step']:.0%}, draft calls "
+                  f"{split['draft calls'] / unit['chain step']:.0%}, the rest "
+                  f"{rest / unit['chain step']:.0%}")]
