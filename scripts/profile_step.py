@@ -46,19 +46,6 @@ def _checked_flags():
       raise ValueError(f"--{name} must be an int >= {low}, got {flag.value}")
 
 
-def loop_call(target, draft_params, prepared, state, steps: int):
-  """() -> the state after `steps` loop steps from `state` (a fresh copy each call: the
-  loop donates its state), and the steps it ran."""
-  from specdec_jax.decoding import loop
-  end = prepared.spec.max_new_tokens
-  start = state.replace(step=jnp.full_like(state.step, end - steps))
-
-  def call():
-    fresh = jax.tree.map(jnp.copy, start)
-    return jax.block_until_ready(loop.run_prepared(target, draft_params, fresh, prepared))
-  return call
-
-
 def verifier_call(verify_fn, *, gamma: int, vocab: int, seed: int):
   """() -> the verifier's tokens on γ drafts from random laws over the vocabulary."""
   keys = jax.random.split(jax.random.PRNGKey(seed), 4)
@@ -80,6 +67,8 @@ def main(argv):
   from specdec_jax.decoding.spec import DecodeSpec, FixedGamma, prepare
   from specdec_jax.drafts.independent import IndependentDraft
   from specdec_jax.drafts.registry import as_draft
+  from specdec_jax.gamma import adaptive
+  from specdec_jax.gamma.machine_costs import steps_from
   from specdec_jax.io.atomic import atomic_write_json
   from specdec_jax.io.machine import machine_stamp
   from specdec_jax.loading import load_pair
@@ -102,10 +91,10 @@ def main(argv):
   draft = as_draft(pair.draft_config)
   model = draft.model_config
   fns = {
-      "plain step": loop_call(pair.target, None, plain,
-                              loop.prefill(pair.target, None, plain), steps),
-      "chain step": loop_call(pair.target, pair.draft_params, chain,
-                              loop.prefill(pair.target, pair.draft_params, chain), steps),
+      "plain step": steps_from(pair.target, None, plain,
+                               loop.prefill(pair.target, None, plain), steps),
+      "chain step": steps_from(pair.target, pair.draft_params, chain,
+                               loop.prefill(pair.target, pair.draft_params, chain), steps),
       "target call, 1 token": studies.forward_call(
           pair.target_params, pair.target_config, batch=1, tokens=1, context=context),
       f"target call, {gamma + 1} tokens": studies.forward_call(
@@ -135,8 +124,7 @@ def main(argv):
   tokens = np.asarray(results["chain step"].accepted)[0, -steps:] + 1
   # an independent draft's chain: γ calls with the head, one cache-only call (x_γ)
   head_calls = gamma if model is not None else 0
-  cache_calls = 1 if isinstance(draft, IndependentDraft) or (
-      hasattr(draft, "inner") and isinstance(draft.inner, IndependentDraft)) else 0
+  cache_calls = int(isinstance(getattr(draft, "inner", draft), IndependentDraft))
   split = {
       "draft calls": head_calls * unit.get("draft call", 0.0)
       + cache_calls * unit.get("draft call, cache only", 0.0),
@@ -152,7 +140,7 @@ def main(argv):
     print(f"  {name}: {value:.3f} ({value / unit['chain step']:.0%})")
   c = unit.get("draft call", 0.0) / unit["target call, 1 token"]
   v = unit[f"target call, {gamma + 1} tokens"] / unit["target call, 1 token"]
-  model_cost = gamma * c + v
+  model_cost = adaptive.step_cost(adaptive.draft_calls(gamma), c, v)
   print(f"c = {c:.3f}  v({gamma + 1}) = {v:.2f}  gamma c + v = {model_cost:.2f} target-call "
         f"times; the step is {unit['chain step'] / unit['target call, 1 token']:.2f} of them "
         f"({unit['chain step'] / unit['target call, 1 token'] / model_cost - 1:+.0%}); "
@@ -161,7 +149,7 @@ def main(argv):
     atomic_write_json(_OUT.value, dict(
         stamp=machine_stamp(), gamma=gamma, steps=steps, repeats=_REPEATS.value,
         context=context, temperature=pair.sampling.temperature,
-        seconds=seconds, plain_steps=unit, split=split, c=c, v=v,
+        seconds=seconds, plain_steps=unit, split=split, c=c, v=v, modelled_step=model_cost,
         tokens_per_step=float(tokens.mean())))
     print(f"wrote {_OUT.value}")
 

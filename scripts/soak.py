@@ -20,7 +20,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from specdec_jax import config_proposer
-from specdec_jax.gamma import adaptive, machine_costs
+from specdec_jax.gamma import adaptive
 from specdec_jax.decoding import loop
 from specdec_jax.decoding.spec import AutoGamma, DecodeSpec
 from specdec_jax.io.atomic import atomic_write_json
@@ -76,9 +76,7 @@ def main(argv):
   if isinstance(proposer, config_proposer.PlainDecoding):
     print(proposer.line + "; the soak runs gamma 'auto' anyway (plain steps)")
     gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-    proposer = AutoGamma(machine_costs.run_table(
-        config, pair, gamma_max=gamma_max, directory=_bootstrap.COSTS_DIR),
-        gamma_max)
+    proposer = AutoGamma(proposer.table, gamma_max)
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, vocab_size=pair.vocab_size)
   record, steps, tokens, call = [], 0, 0, 0

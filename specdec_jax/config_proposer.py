@@ -18,9 +18,11 @@ from typing import Callable
 @dataclasses.dataclass(frozen=True)
 class PlainDecoding:
   """The decision that drafting does not pay on this machine: decode autoregressively.
-  line: one line saying why, which the scripts print."""
+  line: one line saying why, which the scripts print; table: the `adaptive.CostTable` it
+  was decided on."""
 
   line: str
+  table: object
 
 
 def parse_gamma(value) -> int | str:
@@ -40,9 +42,9 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
   config.tree (with a fixed gamma only); FixedGamma for a fixed config.gamma;
   AutoGamma(table, gamma_max) for 'auto' (the table from `machine_costs.run_table`);
   `PlainDecoding` when the table says no γ >= 1 pays even at α = `adaptive.PAYS_AT_ALPHA`
-  (decode with autoregressive_generate; the caller prints its line). prompt_width: the width the run pads its
-  prompts to, if any (where a table is measured, its steps are timed in the run's own
-  loop: `table_for`)."""
+  (decode with autoregressive_generate; the caller prints its line). prompt_width: the
+  width the run pads its prompts to, if any (where a table is measured, its steps are
+  timed in the run's own loop: `machine_costs.table_for`)."""
   from specdec_jax.decoding.spec import AutoGamma, FixedGamma, make_proposer
   from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, PAYS_AT_ALPHA
   from specdec_jax.gamma.cost_cache import describe
@@ -63,5 +65,5 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
     return PlainDecoding(
         f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
-        f"plain autoregressive")
+        f"plain autoregressive", table)
   return AutoGamma(table, gamma_max)

@@ -424,7 +424,7 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
   assert table.verify_costs is None and table.max_gamma == 2  # step costs alone
   assert cost_cache.describe(table).startswith("s(gamma) = 0:")
   key = cost_cache.cost_key(target, draft, batch=2, context=8, sampling=GREEDY,
-                               verifier="block")
+                            verifier="block")
   assert key["steps"] and key != cost_cache.cost_key(
       target, draft, batch=2, context=8, sampling=SamplingConfig(temperature=1.0),
       verifier="block")
@@ -624,5 +624,5 @@ def test_config_proposer_decides_plain_decoding_where_drafting_does_not_pay(tmp_
     got[name] = config_proposer.config_proposer(config, pair, directory=tmp_path,
                                                 log=lambda line: None)
   assert isinstance(got["nothing"], config_proposer.PlainDecoding)
-  assert "drafting does not pay" in got["nothing"].line
+  assert "drafting does not pay" in got["nothing"].line and got["nothing"].table == NOTHING_PAYS
   assert isinstance(got["switching"], AutoGamma) and got["switching"].costs == SWITCHING

@@ -97,6 +97,7 @@ def test_profile_step_splits_the_chain_step_into_its_pieces(tmp_path):
   doc = json.loads(out.read_text())
   assert doc["plain_steps"]["plain step"] == 1.0 and doc["gamma"] == 2
   assert sum(doc["split"].values()) == pytest.approx(doc["plain_steps"]["chain step"])
+  assert doc["modelled_step"] == pytest.approx(2 * doc["c"] + doc["v"])  # γc + v(γ+1)
   assert {"cpu", "git_commit", "command"} <= set(doc["stamp"])
   bad = profile("--steps=0")
   assert bad.returncode == 2

@@ -491,7 +491,7 @@ def profile_step_table(doc: dict) -> list[str]:
   lines += table(["part", "plain steps", "share"],
                  [[name, num(value, ".3f"), f"{value / step:.0%}"]
                   for name, value in doc["split"].items()])
-  model = doc["gamma"] * doc["c"] + doc["v"]
+  model = doc["modelled_step"]  # `adaptive.step_cost`, as the script computed it
   per_call = step / unit["target call, 1 token"]
   lines += ["", f"c = {doc['c']:.3f}, v({doc['gamma'] + 1}) = {doc['v']:.2f}: γc + v = "
             f"{model:.2f} target-call times, and the step takes {per_call:.2f} of them "
@@ -503,7 +503,7 @@ def profile_step_headline(title: str, doc: dict) -> list[tuple[str, str]]:
   """The step in plain steps, its model's figure and the rest."""
   unit, split = doc["plain_steps"], doc["split"]
   per_call = unit["chain step"] / unit["target call, 1 token"]
-  model = doc["gamma"] * doc["c"] + doc["v"]
+  model = doc["modelled_step"]
   rest = next(v for k, v in split.items() if k.startswith("the rest"))
   return [(title, f"step {per_call:.2f} target-call times against γc + v = {model:.2f}; "
                   f"target call {split['target call'] / unit['chain step']:.0%}, draft calls "

@@ -38,7 +38,8 @@ import numpy as np
 from specdec_jax.bench import timing
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.gamma.adaptive import CostTable
-from specdec_jax.gamma.cost_cache import (MEASURE_CONTEXT, cache_path, cost_key, load_or_measure, load_pinned_table)
+from specdec_jax.gamma.cost_cache import (MEASURE_CONTEXT, cache_path, cost_key,
+                                          load_or_measure, load_pinned_table)
 
 # The shortest context a lookup source's steps are timed at: a text that repeats with
 # period min(16, context // 2), so trailing matches of up to 15 tokens exist from the first
@@ -59,6 +60,26 @@ STEPS_PER_CALL = 8
 MEASURE_NEW_TOKENS = 64
 PLAUSIBLE_PLAIN_COST = 0.95
 TIMING_ATTEMPTS = 3
+
+
+def steps_from(target, draft_params, prepared, state, steps: int, costs=None):
+  """A timed call: () -> the state after the run's compiled loop (`loop.run_prepared`) ran
+  from `state` with its step index `steps` below the end (at most that many steps). costs:
+  float32 [2,G+1] in place of the prepared table, or None. The loop consumes (donates) its
+  state: each call runs on a fresh copy, whose few dispatches and cache copy are timed with
+  the steps."""
+  import jax
+  import jax.numpy as jnp
+
+  from specdec_jax.decoding import loop
+
+  state = state.replace(step=jnp.full_like(state.step, prepared.spec.max_new_tokens - steps))
+  costs = None if costs is None else jnp.asarray(costs)
+
+  def call():
+    fresh = jax.tree.map(jnp.copy, state)
+    return jax.block_until_ready(loop.run_prepared(target, draft_params, fresh, prepared, costs))
+  return call
 
 
 def forcing_costs(gamma: int, gamma_max: int) -> np.ndarray:
@@ -87,9 +108,6 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   done first); the plain step is the autoregressive loop's, timed the same way. Each of
   the draft's `cost_sources` is timed on its own text.
   """
-  import jax
-  import jax.numpy as jnp
-
   from specdec_jax.decoding import loop
   from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, prepare, resolve_vocab
 
@@ -109,17 +127,7 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   steps = min(drafter.skip_lag or STEPS_PER_CALL, max_new_tokens)
 
   def run_from(params, prepared, state, costs, n):
-    """() -> the state after the loop ran from `state` with its step index n below the
-    end (at most n steps)."""
-    state = state.replace(step=jnp.full_like(state.step, max_new_tokens - n))
-    costs = None if costs is None else jnp.asarray(costs)
-
-    def call():
-      # the loop consumes (donates) its state: each call runs on a fresh copy, whose few
-      # dispatches and cache copy are timed with the steps
-      fresh = jax.tree.map(jnp.copy, state)
-      return jax.block_until_ready(loop.run_prepared(target, params, fresh, prepared, costs))
-    return call
+    return steps_from(target, params, prepared, state, n, costs)
 
   def took_forced(result, gamma, n) -> int:
     """The leading steps of the last n in which every live row proposed gamma (a plain
