@@ -90,12 +90,19 @@ def _script_constants(path: str) -> dict:
   return found
 
 
-def shapes_only(script: str) -> bool:
+def shapes_only(script: str, argv: list[str] = ()) -> bool:
   """True for a script that declares CONFIG_SHAPES_ONLY = True: it reads models' shapes
-  alone and compiles for devices other than this machine's (scripts/tpu_plan.py), so its
-  config is checked without the machine (`config_checks.shapes_only`)."""
+  alone and compiles for devices other than this machine's (scripts/tpu_plan.py), or
+  CONFIG_SHAPES_ONLY = '<flag>' and argv sets that flag above 0 (profile_step.py's
+  --random_weights): its config is checked without the machine
+  (`config_checks.shapes_only`)."""
   path = os.path.join(ROOT, "scripts", script)
-  return os.path.exists(path) and _script_constants(path).get("CONFIG_SHAPES_ONLY") is True
+  if not os.path.exists(path):
+    return False
+  declared = _script_constants(path).get("CONFIG_SHAPES_ONLY")
+  if isinstance(declared, str):
+    return any(v.strip() not in ("", "0") for v in _flag_values(argv, declared))
+  return declared is True
 
 
 def declarations() -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -169,7 +176,7 @@ def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   config = load_config_args(argv)
   if config is None:
     return
-  with config_checks.shapes_only(shapes_only(script)):
+  with config_checks.shapes_only(shapes_only(script, argv)):
     config_fields.check_config(config, family=family, reads=reads, given=given,
                                script=script, readers=lambda name: readers(family, name))
 

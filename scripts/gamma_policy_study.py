@@ -10,8 +10,12 @@ start, which of the hybrid draft's next G proposals the target's greedy tokens c
 measured step costs (`machine_costs.table_for`, the benchmark's cached table at batch 1),
 giving its predicted speedup over autoregressive decoding per prompt. Rules:
   auto          the committed gamma='auto' rule: one α̂ and one cost row per source
-  one-estimate  the earlier rule: one α̂ for both sources (prior 0.5, weight 0.2), and
-                every drafting step pays the feature draft's full step costs
+  one-estimate  one belief for both sources, every drafting step at the feature draft's
+                full step costs
+  no-optimism   the belief's mean alone (OPTIMISM = 0): a row below the threshold never
+                drafts again
+  no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
+                bound from the evidence it has still clears the threshold
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
   oracle        each step the γ of the most tokens per cost given its true depth (a bound)
 --measured: a held-out benchmark JSON (scripts/benchmark.py) of the same config whose
@@ -22,6 +26,7 @@ One greedy decode per prompt, plus the cost table if it is not cached yet.
 Figures: docs/results.md#gamma-rules.
 """
 
+import dataclasses
 import os
 
 import _bootstrap  # repository root on sys.path; run(main)
@@ -51,9 +56,11 @@ _MEASURED = flags.DEFINE_string("measured", None, "a held-out benchmark JSON to 
 
 def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
   """name -> (rule, lookup steps at their own costs)."""
+  base = adaptive.DEFAULT_RULE
   out = {"auto": (gamma_replay.Rule(), True),
-         "one-estimate": (gamma_replay.Rule(prior=(0.5, 0.5), weight=0.2, by_source=False),
-                          False)}
+         "one-estimate": (gamma_replay.Rule(by_source=False), False),
+         "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
+         "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True)}
   for g in range(1, gamma_max + 1):
     out[f"fixed-{g}"] = (gamma_replay.Rule(fixed=g), True)
   out["oracle"] = (gamma_replay.Rule(oracle=True), True)

@@ -1,6 +1,8 @@
 r"""Where one speculative step's time goes: the run's own compiled loop beside its pieces.
 
   python scripts/profile_step.py --config=configs/qwen25_coder.py [--gamma=3] [--out=FILE.json]
+  python scripts/profile_step.py --config=configs/qwen25_coder.py --config.dtype=bfloat16 \
+      --random_weights=160   # the same shapes, random weights: on a device without the files
 
 In one process, each timed once in every round (median of --repeats, compile excluded by a
 first call each; `bench.timing.interleaved_seconds`), on the config's first prompt at batch 1:
@@ -10,8 +12,10 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
                step (every row proposes γ each step);
   pieces       each compiled alone at the prompt's context: the target call over 1 and over
                γ+1 tokens, the draft call with its head and without (cache only: an
-               independent draft ends each chain with one, to write x_γ), and the
-               verifier the step runs (`greedy_verify` at T = 0) on γ drafts.
+               independent draft ends each chain with one, to write x_γ), the draft call
+               over two tokens (what a first call that also wrote the last step's x_γ
+               would cost), and the verifier the step runs (`greedy_verify` at T = 0) on
+               γ drafts.
 Every figure is in plain steps (seconds / plain step), so the step's split reads
   step = γ·c_head + c_cache + v(γ+1)·t(1) + verifier + the rest,
 the rest being the sampling and warps, the caches' bookkeeping and the loop itself: what
@@ -29,6 +33,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
+CONFIG_SHAPES_ONLY = "random_weights"  # with it, the models' shapes alone are read
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "verifier", "temperature", "top_k",
@@ -38,10 +43,15 @@ _GAMMA = flags.DEFINE_integer("gamma", 3, "drafts per chain step")
 _STEPS = flags.DEFINE_integer("steps", 8, "loop steps per timed call")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "timed rounds (median)")
 _OUT = flags.DEFINE_string("out", "", "write the figures as JSON here")
+_RANDOM = flags.DEFINE_integer(
+    "random_weights", 0, "if > 0: the config's models with random weights (its shapes and "
+    "dtype, nothing loaded) on a random prompt of this many tokens, for a device the "
+    "weights cannot reach (the timings do not depend on the weights' values)")
 
 
 def _checked_flags():
-  for name, flag, low in (("gamma", _GAMMA, 1), ("steps", _STEPS, 1), ("repeats", _REPEATS, 1)):
+  for name, flag, low in (("gamma", _GAMMA, 1), ("steps", _STEPS, 1), ("repeats", _REPEATS, 1),
+                          ("random_weights", _RANDOM, 0)):
     if flag.value < low:
       raise ValueError(f"--{name} must be an int >= {low}, got {flag.value}")
 
@@ -74,9 +84,9 @@ def main(argv):
   from specdec_jax.loading import load_pair
   from specdec_jax.verification.verify import greedy_verify
 
-  pair = load_pair(config)
-  if pair.draft_config is None:
+  if config.draft == "none":
     raise ValueError("config.draft is 'none': a step profile needs a draft")
+  pair = random_pair(config, _RANDOM.value) if _RANDOM.value else load_pair(config)
   gamma, steps = _GAMMA.value, _STEPS.value
   prompt = pair.prompts[0]
   context = len(prompt)
@@ -109,6 +119,11 @@ def main(argv):
                                              context=context, **feature)
     fns["draft call, cache only"] = studies.forward_call(
         pair.draft_params, model, batch=1, tokens=1, context=context, return_logits=False,
+        **feature)
+    # one call over two tokens, the head at the second: what a call that also wrote the
+    # last step's x_γ would cost
+    fns["draft call, 2 tokens"] = studies.forward_call(
+        pair.draft_params, model, batch=1, tokens=2, context=context, logits_at_last=True,
         **feature)
   print(f"target {config.target}  draft {config.draft}  gamma {gamma}  context {context}  "
         f"T={pair.sampling.temperature:g}  {steps} loop steps per call, median of "
@@ -148,10 +163,39 @@ def main(argv):
   if _OUT.value:
     atomic_write_json(_OUT.value, dict(
         stamp=machine_stamp(), gamma=gamma, steps=steps, repeats=_REPEATS.value,
+        random_weights=bool(_RANDOM.value), dtype=str(pair.target_config.dtype),
         context=context, temperature=pair.sampling.temperature,
         seconds=seconds, plain_steps=unit, split=split, c=c, v=v, modelled_step=model_cost,
         tokens_per_step=float(tokens.mean())))
     print(f"wrote {_OUT.value}")
+
+
+def random_pair(config, context: int):
+  """A `loading.Pair` of the config's models with random weights (`compile_plan.plan_models`,
+  `init_params`) and one random prompt of `context` tokens; no tokenizer."""
+  import dataclasses
+
+  from specdec_jax.bench.compile_plan import plan_models
+  from specdec_jax.decoding.spec import resolve_vocab
+  from specdec_jax.loading import Pair
+  from specdec_jax.models.model import init_params
+  from specdec_jax.models.sampling import SamplingConfig
+
+  target_config, drafts = plan_models(config)
+  draft, has_params = next(iter(drafts.values()))  # the config's own draft comes first
+  target_params = init_params(target_config, jax.random.PRNGKey(0))
+  draft_params = init_params(draft.model_config, jax.random.PRNGKey(1)) if has_params else None
+  vocab = resolve_vocab(target_config, draft, None)
+  prompt = np.random.default_rng(0).integers(0, vocab, context).tolist()
+  sampling = SamplingConfig(temperature=float(config.temperature), top_k=int(config.top_k),
+                            top_p=float(config.top_p))
+
+  @dataclasses.dataclass
+  class RandomPair(Pair):
+    vocab_size: int = vocab  # no tokenizer to ask
+
+  return RandomPair(None, target_config, target_params, draft, draft_params, [prompt],
+                    sampling, str(config.get("verifier", "block")))
 
 
 if __name__ == "__main__":

@@ -92,16 +92,17 @@ def greedy_draft_pair():
 
 def law_pair(vocab: int = 4):
   """The tiny (target, params, draft, params) of the whole-sequence law tests: a 2-layer
-  target and a 1-layer independent draft on a `vocab`-token vocabulary, 16 slots."""
-  target = tiny_config(vocab=vocab, layers=2, width=16, max_seq_len=16)
-  draft = tiny_config(vocab=vocab, layers=1, width=8, max_seq_len=16)
+  target and a 1-layer independent draft on a `vocab`-token vocabulary, 24 slots (room
+  for gamma 'auto''s skip lag)."""
+  target = tiny_config(vocab=vocab, layers=2, width=16, max_seq_len=24)
+  draft = tiny_config(vocab=vocab, layers=1, width=8, max_seq_len=24)
   return target, tiny_model(target, 10, factor=4.0), draft, tiny_model(draft, 11, factor=4.0)
 
 
 def law_feature_pair(pair):
   """`law_pair`'s target with a 1-layer feature draft reading its layers 1 and 2."""
   target, tp = pair[:2]
-  draft = tiny_config(vocab=target.vocab_size, layers=1, width=8, max_seq_len=16,
+  draft = tiny_config(vocab=target.vocab_size, layers=1, width=8, max_seq_len=24,
                       tie_embeddings=False, feature_layers=(1, 2),
                       feature_width=target.embed_dim)
   return target, tp, draft, tiny_model(draft, 12, factor=4.0)

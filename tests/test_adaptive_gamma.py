@@ -39,17 +39,17 @@ from specdec_jax.verification.verify import block_verify, verify
 from test_exactness import ROWS, exact_sequence_probs, sequence_index
 
 GAMMA_MAX = 3
-# No draft cost and a flat v(k >= 2) = 1.92: γ = 3 is the best γ >= 1 at every α, and it
-# beats a plain step (score 1) iff 1 + α + α² + α³ > 1.92, i.e. α̂ > 0.515. Rows start at
-# the prior 0.5 with γ = 0, move to γ = 3 as the q_1 they observe match p_1, and back
-# after rejections.
-SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.92, 1.92, 1.92))
-# With a feature draft a γ = 0 row observes q_1 only every FEATURE_LAG-th plain step,
-# which 4 new tokens never reach, so rows must start drafting to switch: a flat v(k >= 2) =
-# 1.87 makes γ = 3 the best at the prior 0.5 (1 + α + α² + α³ > 1.87 iff α̂ > 0.498), and
-# rows whose drafts then show β below that fall back to γ = 0 (at T = 1 without top-k this
-# draft's β stays above it, and no row falls back: the T = 1 case takes top-k 2).
-FEATURE_SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 1.87, 1.87, 1.87))
+# A belief quick to change its mind (a light prior, a narrow bound, evidence halved by each
+# quiet step), so that rows switch within the 4 new tokens of the enumeration; the loop
+# runs the rule it is given (`AutoGamma.rule`), and these tests pin its constants.
+TEST_RULE = adaptive.BeliefRule(prior_weight=0.25, optimism=0.5, forget=0.5)
+# No draft cost and a flat v(k >= 2) = 3.4: γ = 3 is the best γ >= 1 at every α, and it
+# beats a plain step (score 1) iff 1 + α + α² + α³ > 3.4, i.e. α > 0.89. A fresh row's
+# bound (0.85 + ...) clears it and drafts; rows whose β fall short stop (γ = 0), and some
+# draft again once their evidence has faded.
+SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 3.4, 3.4, 3.4))
+# The feature draft's β sit lower: a flat v(k >= 2) = 3.0 (α > 0.81) switches its rows.
+FEATURE_SWITCHING = CostTable(c=0.0, verify_costs=(1.0, 3.0, 3.0, 3.0))
 # v(k) = 5 for k >= 2: no γ >= 1 pays at any α < 1 (E[tokens] <= 4).
 NOTHING_PAYS = CostTable(c=0.0, verify_costs=(1.0, 5.0, 5.0, 5.0))
 GREEDY = SamplingConfig(temperature=0.0)
@@ -65,23 +65,26 @@ def pair():
 @pytest.fixture(scope="module")
 def feature_pair(pair):
   """law_feature_pair with room for the feature lag of gamma='auto': the prompt (3), 4 new
-  tokens, γ_max (3) and `FEATURE_LAG` (8) need 18 positions, over its 16."""
+  tokens, γ_max (3) and `FEATURE_LAG` (8) need 18 positions."""
   target, tp, draft, dp = law_feature_pair(pair)
   return target.replace(max_seq_len=32), tp, draft.replace(max_seq_len=32), dp
 
 
-def auto_spec(costs, max_new_tokens, sampling=SamplingConfig(), verifier="block"):
-  """The DecodeSpec of gamma='auto' with γ_max = GAMMA_MAX and the cost table `costs`."""
-  return DecodeSpec(max_new_tokens, AutoGamma(costs, GAMMA_MAX), sampling=sampling,
+def auto_spec(costs, max_new_tokens, sampling=SamplingConfig(), verifier="block",
+              rule=TEST_RULE):
+  """The DecodeSpec of gamma='auto' with γ_max = GAMMA_MAX, the cost table `costs` and
+  the belief's constants `rule`."""
+  return DecodeSpec(max_new_tokens, AutoGamma(costs, GAMMA_MAX, rule), sampling=sampling,
                     verifier=verifier)
 
 
 def auto_generate(pair, prompts, *, costs, max_new_tokens, sampling=SamplingConfig(),
-                  verifier="block", **call):
+                  verifier="block", rule=TEST_RULE, **call):
   """speculative_generate under gamma='auto' (call: seed, row_ids)."""
   target, tp, draft, dp = pair
   return speculative_generate(Model(target, tp), Model(draft, dp), prompts,
-                              spec=auto_spec(costs, max_new_tokens, sampling, verifier), **call)
+                              spec=auto_spec(costs, max_new_tokens, sampling, verifier, rule),
+                              **call)
 
 
 def greedy_autoregressive(pair, prompts=None, max_new_tokens=12):
@@ -176,10 +179,9 @@ def greedy_pairs():
               hybrid=(target, tp, HybridDraft(feature, 2, 2), feature_params))
 
 
-# The greedy draws of β in {0, 1} move α̂ by about 0.05 near the prior 0.5 (weight 0.1):
-# under this table a row takes γ = 0 below about 0.48, 1 up to about 0.55, 2 up to about
-# 0.62, and 3 above.
-GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.50, 1.76, 1.98))
+# Under this table and TEST_RULE the greedy pairs' rows take γ = 0, 2 and 3 within 12
+# tokens (their greedy β in {0, 1} move the belief fast).
+GRADED = CostTable(c=0.05, verify_costs=(1.0, 1.7, 2.2, 2.6))
 
 
 @pytest.mark.parametrize("kind", [
@@ -214,7 +216,7 @@ def test_nothing_pays_gives_plain_steps(greedy_pairs):
 
 
 @pytest.mark.parametrize("kind,table,alone", [
-    ("feature", "switching", False),
+    ("feature", "graded", False),
     pytest.param("model", "graded", True, marks=pytest.mark.slow)])
 def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   """Rows 0 and 3 (same prompts and row ids) give the same tokens and γ choices beside
@@ -268,30 +270,87 @@ def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
   assert n == 5 + 3 and int(state.draft_state.cache["length"][0]) == 4
   lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
   fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
-  fresh = step(tp, dp, fresh.replace(step=state.step, alpha_estimate=state.alpha_estimate,
-                                     plain_run=state.plain_run), costs, width=GAMMA_MAX + 1)
+  fresh = step(tp, dp, fresh.replace(step=state.step, belief=state.belief), costs,
+               width=GAMMA_MAX + 1)
   np.testing.assert_allclose(lagged.accept_prob[0, 3], fresh.accept_prob[0, 3], atol=1e-5)
   assert lagged.accept_prob[0, 3, 0] > 0
   np.testing.assert_array_equal(lagged.tokens[0, :int(lagged.num_tokens[0])],
                                 fresh.tokens[0, :int(fresh.num_tokens[0])])
 
 
-def test_feature_draft_skips_plain_steps_and_probes(greedy_pairs):
-  """Under a table where nothing pays, a feature draft's rows take plain steps; the draft
-  runs on every FEATURE_LAG-th of them only (its probes observe q_1), and the tokens stay
-  those of greedy autoregressive decoding."""
-  pair = greedy_pairs["feature"]
+def final_state(pair, prompts, costs, max_new_tokens, sampling, rule=TEST_RULE):
+  """The decode loop's last DecodeState of gamma 'auto' (its draft state included)."""
+  target, tp, draft, dp = pair
+  prepared = prepare(Model(target, tp), Model(draft, dp), prompts,
+                     auto_spec(costs, max_new_tokens, sampling, rule=rule), seed=4)
+  state = loop.prefill(Model(target, tp), dp, prepared)
+  return loop.run_prepared(Model(target, tp), dp, state, prepared)
+
+
+@pytest.mark.parametrize("kind", ["model", "feature"])
+def test_plain_steps_never_run_the_draft(greedy_pairs, kind):
+  """Under a table where nothing pays every step is a plain step that skips the draft:
+  the tokens are greedy autoregressive decoding's, no position is drafted, and at T=1 no
+  β was ever computed (β_1 > 0 wherever a draft runs). The independent draft's cache
+  stays at the prompt (nothing needed it caught up); the feature draft's buffer fills
+  every FEATURE_LAG skipped steps and is caught up, never running its head."""
+  pair = greedy_pairs[kind]
   out = auto_generate(pair, PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12, sampling=GREEDY)
-  ar = greedy_autoregressive(pair)
-  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.tokens, greedy_autoregressive(pair).tokens)
   assert (out.gammas[out.gammas >= 0] == 0).all()
-  # At T=1 β_1 > 0 wherever the draft ran: on steps 4, 8, 12 of each row only.
-  out = auto_generate(pair, PROMPTS, costs=NOTHING_PAYS, max_new_tokens=12,
-                      sampling=SamplingConfig(temperature=1.0))
-  ran = np.asarray(out.accept_prob)[:, :12, 0] > 0
-  want = np.zeros(12, bool)
-  want[FEATURE_LAG - 1::FEATURE_LAG] = True
-  np.testing.assert_array_equal(ran, np.broadcast_to(want, ran.shape))
+  state = final_state(pair, PROMPTS, NOTHING_PAYS, 12, SamplingConfig(temperature=1.0))
+  assert not np.asarray(state.accept_prob).any()
+  prompt_len = np.asarray([len(p) for p in PROMPTS])
+  length = state.num_tokens - 1
+  if kind == "model":
+    np.testing.assert_array_equal(state.draft_state["length"], prompt_len - 1)
+  else:
+    behind = np.asarray(length - state.draft_state.cache["length"])
+    assert (behind <= state.draft_state.features.shape[1] - 2).all()
+    assert (np.asarray(state.draft_state.cache["length"]) > prompt_len - 1).all()
+
+
+def test_skipped_independent_draft_catches_up_exactly(greedy_pairs):
+  """An independent draft skipped for more steps than one catch-up call covers is caught
+  up by the loop's calls to a cache that drafts what a freshly prefilled one drafts: the
+  next step's β and tokens match at T=1 (to float rounding)."""
+  from specdec_jax.drafts.independent import CATCH_UP_WIDTH
+  target, tp, draft, dp = greedy_pairs["model"]
+  sampling = SamplingConfig(temperature=1.0)
+  skipped = CATCH_UP_WIDTH + 3
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS[1:2],
+                     auto_spec(SWITCHING, skipped + 2, sampling, block_verify), seed=5)
+  spec, model_draft = prepared.spec, prepared.draft
+  assert spec.lag(model_draft) == CATCH_UP_WIDTH
+  costs = jnp.asarray(prepared.costs)
+  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
+                                   draft=model_draft, spec=spec),
+                 static_argnames=("width", "skip_draft"))
+  init = functools.partial(loop.init_state_jit, target_config=target, draft=model_draft,
+                           gamma=GAMMA_MAX, max_new_tokens=skipped + 2, lag=CATCH_UP_WIDTH,
+                           adaptive_gamma=True)
+  catch_up = jax.jit(lambda s: s.replace(draft_state=model_draft.catch_up(dp, tp, s)))
+  state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
+  for _ in range(skipped):
+    state = step(tp, dp, state, costs, width=1, skip_draft=True)
+  n = int(state.num_tokens[0])
+  assert int(state.draft_state["length"][0]) == 4  # ℓ_d stayed at the prompt
+  none = jnp.zeros(1, jnp.int32)
+  drafting = jnp.full(1, GAMMA_MAX, jnp.int32)
+  assert not bool(decode_step.catch_up_needed(state, model_draft, none))  # skipping: room
+  calls = 0
+  while bool(decode_step.catch_up_needed(state, model_draft, drafting)):
+    state, calls = catch_up(state), calls + 1
+  assert calls == 2 and int(state.draft_state["length"][0]) == n - 1
+  lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
+  fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
+  fresh = step(tp, dp, fresh.replace(step=state.step, belief=state.belief), costs,
+               width=GAMMA_MAX + 1)
+  at = skipped
+  np.testing.assert_allclose(lagged.accept_prob[0, at], fresh.accept_prob[0, at], atol=1e-5)
+  assert lagged.accept_prob[0, at, 0] > 0
+  np.testing.assert_array_equal(lagged.tokens[0, :int(lagged.num_tokens[0])],
+                                fresh.tokens[0, :int(fresh.num_tokens[0])])
 
 
 def test_auto_gamma_compiles_one_loop(greedy_pairs):
@@ -346,8 +405,8 @@ def test_choose_gamma_is_the_argmax_of_the_prediction():
   got = np.asarray(adaptive.choose_gamma(np.asarray(alphas, np.float32),
                                          table.as_array(4)))
   for a, g in zip(alphas, got):
-    # A γ = 0 step runs the draft once too (q_1 for the estimate): cost 1 + c.
-    scores = [1.0 / (1.0 + table.c)] + [
+    # A γ = 0 step skips the draft: a plain step, cost 1.
+    scores = [1.0] + [
         studies.predicted_speedup(a, k, table.c, table.verify_costs[k]) for k in range(1, 5)]
     assert scores[g] >= max(scores) - 1e-5, (a, g, scores)
   assert got[0] == 0 and got[-1] == 4 and (np.diff(got) >= 0).all()
@@ -359,7 +418,7 @@ def test_measured_step_costs_decide_the_choice():
   v = (1.0, 1.2, 1.3, 1.4)
   measured = CostTable(c=0.05, verify_costs=v, step_costs=(1.1, 3.0, 1.6, 1.7))
   modelled = CostTable(c=0.05, verify_costs=v)
-  np.testing.assert_allclose(modelled.as_array(3), [1.05, 1.25, 1.40, 1.55], rtol=1e-6)
+  np.testing.assert_allclose(modelled.as_array(3), [1.0, 1.25, 1.40, 1.55], rtol=1e-6)
   np.testing.assert_allclose(measured.as_array(2), [1.1, 3.0, 1.6], rtol=1e-6)
   alphas = np.linspace(0.0, 0.99, 34)
   got = np.asarray(adaptive.choose_gamma(np.asarray(alphas, np.float32),
@@ -477,36 +536,78 @@ def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs, caplog):
   assert not [m for m in compiled if "run_steps" in m or "init_state" in m], compiled
 
 
-def test_update_alpha_is_an_ema_over_observed_positions():
-  beta = np.asarray([[1.0, 0.0, 1.0], [0.2, 0.9, 0.9]], np.float32)
-  observed = np.asarray([[True, True, False], [False, False, False]])
-  got = np.asarray(adaptive.update_alpha(np.asarray([0.5, 0.5], np.float32), beta, observed,
-                                         weight=0.5))
-  np.testing.assert_allclose(got, [0.375, 0.5])  # 0.5 -> 0.75 -> 0.375; row 1 unchanged
+def observe(belief, rule=adaptive.DEFAULT_RULE, *, chosen, accepted, beta, source=None):
+  """rule.observe for rows that all propose (source: DRAFT unless given)."""
+  rows = len(chosen)
+  source = np.zeros(rows, np.int32) if source is None else np.asarray(source, np.int32)
+  return rule.observe(belief, chosen=jnp.asarray(chosen), proposes=jnp.ones(rows, bool),
+                      num_accepted=jnp.asarray(accepted),
+                      beta=jnp.asarray(beta, jnp.float32), source=jnp.asarray(source))
 
 
-def test_alpha_and_gamma_per_source():
-  """Each row's observed β update the α̂ of its step's source only, and γ is chosen on
-  that α̂ and that source's step costs."""
-  alpha = np.asarray(adaptive.initial_alpha(2))
-  np.testing.assert_allclose(alpha, [adaptive.ALPHA_PRIOR] * 2)
-  beta = np.asarray([[1.0, 1.0], [0.0, 1.0]], np.float32)
-  observed = np.asarray([[True, False], [True, True]])
-  source = np.asarray([adaptive.LOOKUP, adaptive.DRAFT], np.int32)
-  got = np.asarray(adaptive.update_alpha(alpha, beta, observed, source, weight=0.5))
-  lookup0, draft0 = adaptive.ALPHA_PRIOR[adaptive.LOOKUP], adaptive.ALPHA_PRIOR[adaptive.DRAFT]
-  np.testing.assert_allclose(got, [[draft0, (lookup0 + 1) / 2],
-                                   [((draft0 / 2) + 1) / 2, lookup0]])
+def test_belief_takes_observed_positions_in_order_and_fades():
+  """Row 0 proposed 3 and accepted 1: positions 1 and 2 are observed (S = 0.9·1 + 0,
+  n = 0.9 + 1), position 3 not; row 1 proposed nothing: both columns fade by FORGET."""
+  rule = adaptive.BeliefRule(keep=0.9, forget=0.5)
+  start = adaptive.Belief(beta_sum=jnp.asarray([[0.0, 0.0], [1.0, 2.0]]),
+                          count=jnp.asarray([[0.0, 0.0], [2.0, 4.0]]))
+  got = observe(start, rule, chosen=[3, 0], accepted=[1, 0],
+                beta=[[1.0, 0.0, 1.0], [0.9, 0.9, 0.9]])
+  np.testing.assert_allclose(got.beta_sum, [[0.9, 0.0], [0.5, 1.0]], rtol=1e-6)
+  np.testing.assert_allclose(got.count, [[1.9, 0.0], [1.0, 2.0]], rtol=1e-6)
+  np.testing.assert_allclose(rule.mean(got)[0, 0], (0.9 + 2 * 0.5) / (1.9 + 2), rtol=1e-6)
+
+
+def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
+  """Under a table whose threshold (α > 0.72 for γ = 3) is above the prior mean 0.5, a
+  fresh row drafts on its bound; a row whose drafts are all rejected stops within a few
+  steps, and probes again once its evidence has faded (FORGET); a row whose drafts are
+  accepted keeps drafting. With no optimism a fresh row never drafts at all (the negative
+  control of the first claim)."""
+  costs = jnp.asarray(CostTable(c=0.0, verify_costs=(1.0, 2.7, 2.7, 2.7)).loop_costs(3))
+  source = jnp.zeros(2, jnp.int32)
+  rule = adaptive.DEFAULT_RULE
+  belief = adaptive.initial_belief(2)
+  first = rule.choose(belief, costs, source)
+  np.testing.assert_array_equal(first, [3, 3])
+  assert int(adaptive.BeliefRule(optimism=0.0).choose(belief, costs, source)[0]) == 0
+  history = []
+  for _ in range(200):
+    chosen = rule.choose(belief, costs, source)
+    history.append(np.asarray(chosen))
+    accepted = np.where(np.asarray(chosen) > 0, [0, 3], 0)
+    beta = np.asarray([[0.1, 0.1, 0.1], [0.95, 0.95, 0.95]])
+    belief = observe(belief, rule, chosen=np.asarray(chosen), accepted=accepted, beta=beta)
+  history = np.asarray(history)  # [steps, 2]
+  rejected, accepted_row = history[:, 0], history[:, 1]
+  assert (accepted_row == 3).all()
+  stop = int(np.argmax(rejected == 0))
+  assert 0 < stop <= 5
+  probes = np.flatnonzero((rejected[1:] > 0) & (rejected[:-1] == 0))
+  assert len(probes) >= 2  # it drafts again, more than once
+  assert (np.diff(probes) >= 10).all()  # but rarely: long plain runs between probes
+
+
+def test_gamma_per_source():
+  """Each row's observed β go to its step's source column only, and γ is chosen on that
+  column and that source's step costs."""
+  belief = adaptive.initial_belief(2)
+  np.testing.assert_allclose(adaptive.DEFAULT_RULE.mean(belief), [adaptive.ALPHA_PRIOR] * 2)
+  got = observe(belief, chosen=[1, 2], accepted=[0, 1], beta=[[1.0, 1.0], [0.0, 1.0]],
+                source=[adaptive.LOOKUP, adaptive.DRAFT])
+  np.testing.assert_allclose(got.count[0], [0.0, 1.0])
+  np.testing.assert_allclose(got.count[1], [1.9, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(got.beta_sum[1], [1.0, 0.0], rtol=1e-6)
   costs = np.asarray([[1.0, 9.0, 9.0], [1.0, 1.2, 1.3]], np.float32)
-  chosen = adaptive.choose_gamma_by_source(
-      np.asarray([[0.9, 0.9], [0.9, 0.9]], np.float32), costs,
-      np.asarray([adaptive.DRAFT, adaptive.LOOKUP], np.int32))
+  sure = adaptive.Belief(beta_sum=jnp.full((2, 2), 90.0), count=jnp.full((2, 2), 100.0))
+  chosen = adaptive.DEFAULT_RULE.choose(sure, costs, jnp.asarray([adaptive.DRAFT,
+                                                                  adaptive.LOOKUP]))
   np.testing.assert_array_equal(chosen, [0, 2])
   table = CostTable(c=0.0, verify_costs=(1.0, 1.5, 2.0), step_costs=(1.0, 9.0, 9.0),
                     lookup_step_costs=(1.0, 1.2, 1.3))
   np.testing.assert_allclose(table.loop_costs(2), costs)
   np.testing.assert_allclose(CostTable(c=0.0, verify_costs=(1.0, 1.5, 2.0)).loop_costs(1),
-                             [[0.0 + 1.0, 1.5]] * 2)
+                             [[1.0, 1.5]] * 2)
   with pytest.raises(ValueError, match="lookup_step_costs needs step_costs"):
     CostTable(c=0.0, verify_costs=(1.0, 1.5), lookup_step_costs=(1.0, 1.2))
   with pytest.raises(ValueError, match="lookup_step_costs has 1 entries"):

@@ -84,8 +84,8 @@ def test_step_model_and_prediction_follow_the_cost_formula():
   model = roofline.step_model(pieces, chip)
   assert model["v"][1] == 1.0 and model["v"][4] == pytest.approx(1.3)
   assert model["c"] == pytest.approx(0.2) and model["bound"] == "memory"
-  # s(γ) = max(γ, 1) c + v(γ+1) + verify(γ): s(0) = c + 1 (the draft runs on a plain step)
-  assert model["step_costs"][0] == pytest.approx(1.2)
+  # s(γ) = γ c + v(γ+1) + verify(γ): s(0) = 1 (a plain step skips the draft)
+  assert model["step_costs"][0] == pytest.approx(1.0)
   assert model["step_costs"][3] == pytest.approx(3 * 0.2 + 1.3 + 0.01)
   rows = [dict(id="a", alpha=1.0, tokens_per_step=4.0, gamma=3, speedup=1.5),
           dict(id="b", alpha=0.0, tokens_per_step=1.0, gamma=3, speedup=0.8)]
@@ -93,7 +93,7 @@ def test_step_model_and_prediction_follow_the_cost_formula():
   a, b = predicted["rows"]
   assert a["fixed"] == pytest.approx(4.0 / 1.91) and b["fixed"] == pytest.approx(1 / 1.91)
   assert a["auto_gamma"] == 4 and a["auto"] == pytest.approx(5 / (4 * 0.2 + 1.4 + 0.01))
-  assert b["auto_gamma"] == 0 and b["auto"] == pytest.approx(1 / 1.2)
+  assert b["auto_gamma"] == 0 and b["auto"] == pytest.approx(1.0)
   assert predicted["geomean"]["cpu_speedup"] == pytest.approx(np.sqrt(1.5 * 0.8))
 
 

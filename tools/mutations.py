@@ -70,10 +70,15 @@ MUTATIONS = (
              "    looked, found = plan.lookup[0][:, :gamma], plan.lookup[1]\n",
              "    looked, found = plan.lookup[0][:, :gamma], ~plan.lookup[1]\n",
              ("tests/test_hybrid.py",)),
-    Mutation("auto_observe", "gamma 'auto' never updates its acceptance estimate",
+    Mutation("auto_observe", "gamma 'auto' never takes in what it observes",
              "specdec_jax/gamma/adaptive.py",
-             "  return update_alpha(alpha, beta, observed, source, weight=weight), plain_run\n",
-             "  return alpha, plain_run\n", ("tests/test_adaptive_gamma.py",)),
+             "    observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])\n",
+             "    observed = proposes[:, None] & (j < 0)\n", ("tests/test_adaptive_gamma.py",)),
+    Mutation("independent_catch_up", "the independent draft's catch-up call marks every "
+             "skipped token fed, however many it fed", "specdec_jax/drafts/independent.py",
+             "    return with_length(cache, jnp.minimum(base + CATCH_UP_WIDTH, state.num_tokens - 1))\n",
+             "    return with_length(cache, state.num_tokens - 1)\n",
+             ("tests/test_adaptive_gamma.py",)),
     Mutation("key_schedule", "every step of a row draws with the same key (no fold_in of the "
              "step)", "specdec_jax/decoding/state.py",
              "  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)",

@@ -10,7 +10,7 @@ of each `while_loop`, so a whole decode loop cannot give these figures.)
 
 From the pieces' times t_target(k), t_draft and t_verify(γ) a chip's cost model is
   v(k) = t_target(k) / t_target(1),   c = t_draft / t_target(1),
-  s(γ) = max(γ, 1) c + v(γ + 1) + t_verify(γ) / t_target(1)      (s(0) = c + 1 here),
+  s(γ) = γ c + v(γ + 1) + t_verify(γ) / t_target(1)      (s(0) = 1: a γ = 0 step skips the draft),
 the step costs in plain steps that `adaptive.CostTable` holds and gamma 'auto' chooses
 from (`adaptive.step_cost` of `adaptive.draft_calls(γ)`, the loop's own count). What it
 leaves out: on-chip latency per fused op and per `while_loop` iteration (the per-call

@@ -63,10 +63,12 @@ def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma
 
 
 def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
-                 return_logits: bool = True, input_embed=None) -> Callable[[], object] | None:
+                 return_logits: bool = True, input_embed=None,
+                 logits_at_last: bool = False) -> Callable[[], object] | None:
   """A zero-argument call for `timing` (which blocks on its result): one cached forward
-  of `tokens` new tokens after `context` ones; config None (a draft without a model, see
-  `Draft.model_config`) gives None. See `call_seconds`."""
+  of `tokens` new tokens after `context` ones (logits_at_last: the head at the last token
+  only); config None (a draft without a model, see `Draft.model_config`) gives None. See
+  `call_seconds`."""
   if config is None:
     return None
   slots = context + tokens
@@ -77,6 +79,8 @@ def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, contex
   if config.feature_layers:  # a feature draft, timed as it drafts: on its own hidden state
     feature = dict(input_embed=input_embed, hidden_layers=(config.num_layers,),
                    context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
+  if logits_at_last:
+    feature["logits_at"] = jnp.full((batch, 1), tokens - 1, jnp.int32)
   return lambda: _timed_forward(params, toks, pos, cache, config=config,
                                 return_logits=return_logits, **feature)
 

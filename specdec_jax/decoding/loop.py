@@ -12,8 +12,11 @@ nothing) runs one inner `while_loop` per width inside the loop of steps, each ta
 steps whose width is its own: one compiled loop, no step under a conditional (whose
 branches XLA:CPU would hand copies of both caches). The plan of the next step
 (`step.step_plan`) is computed once, after each step, and carried: it decides the next
-width and is the step's plan. The single jitted `step.speculative_step` picks the width
-with a `lax.switch` instead; both give the same tokens.
+width and is the step's plan. Under gamma 'auto' a draft with a skip lag adds two kinds:
+the plain step that skips the draft (`step.may_skip_draft`) and the draft's catch-up call
+(`Draft.catch_up`, taken while `step.catch_up_needed`; it takes no step). The single
+jitted `step.speculative_step` picks the width with a `lax.switch` instead and never skips
+the draft; both give the same tokens at T = 0 and the same law at any temperature.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import jax.numpy as jnp
 from specdec_jax.decoding.results import GenerationResult, finish
 from specdec_jax.decoding.spec import DecodeSpec, Prepared, prepare
 from specdec_jax.decoding.state import DecodeState, init_state
-from specdec_jax.decoding.step import (autoregressive_step_fn, may_skip_draft,
-                                       speculative_step_fn, step_plan, step_widths)
+from specdec_jax.decoding.step import (autoregressive_step_fn, catch_up_needed,
+                                       may_skip_draft, speculative_step_fn, step_plan,
+                                       step_widths)
 from specdec_jax.decoding.tree_step import tree_step_fn
 from specdec_jax.drafts.base import Draft
 from specdec_jax.gamma import adaptive
@@ -72,22 +76,27 @@ def run_steps(target_params, draft_params, state: DecodeState, costs: Array | No
   if len(widths) == 1:
     return jax.lax.while_loop(cond, step, state)
 
-  # Several call widths: one inner while_loop per width, each taking the steps whose
-  # chosen width is its own, in turn. With a skip lag, kind 0 is the plain step that
-  # skips the draft.
+  # Several call widths: one inner while_loop per kind of step, each taking the steps of
+  # its kind, in turn. With a draft that may be skipped (a skip lag), kind 0 is the plain
+  # step that skips the draft and kind 1 the draft's catch-up call (no step taken).
   skips = spec.lag(draft) > 0
-  kinds = ([dict(width=1, skip_draft=True)] if skips else []) + [
-      dict(width=k) for k in widths]
+  kinds = [functools.partial(step, width=k) for k in widths]
+  if skips:
+    def catch_up(s, plan):
+      del plan  # the catch-up changes no row's plan
+      return s.replace(draft_state=draft.catch_up(draft_params, target_params, s))
+    kinds = [functools.partial(step, width=1, skip_draft=True), catch_up] + kinds
 
   def planned(s):
-    plan = step_plan(s, draft, spec.gamma, costs)
+    plan = step_plan(s, draft, spec, costs)
     index = adaptive.width_index(widths, plan.chosen)
     if skips:
-      index = jnp.where(may_skip_draft(s, draft, plan.chosen), 0, index + 1)
+      index = jnp.where(catch_up_needed(s, draft, plan.chosen), 1,
+                        jnp.where(may_skip_draft(s, draft, plan.chosen), 0, index + 2))
     return s, plan, index
 
   def advance(carry, index):
-    return planned(step(carry[0], plan=carry[1], **kinds[index]))
+    return planned(kinds[index](carry[0], plan=carry[1]))
 
   def steps_at(carry, index):
     return jax.lax.while_loop(

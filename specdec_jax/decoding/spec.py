@@ -30,7 +30,7 @@ import numpy as np
 
 from specdec_jax.drafts.base import Draft
 from specdec_jax.drafts.registry import as_draft
-from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, CostTable
+from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, DEFAULT_RULE, BeliefRule, CostTable
 from specdec_jax.models.model import ModelConfig, check_params
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.verification.tree_shapes import TreeShape
@@ -64,13 +64,18 @@ class FixedGamma:
 @dataclasses.dataclass(frozen=True)
 class AutoGamma:
   """γ per row and step from the cost table (`gamma.adaptive`); costs None only in the
-  spec a compiled loop holds (`DecodeSpec.static`), where the table is a traced input."""
+  spec a compiled loop holds (`DecodeSpec.static`), where the table is a traced input.
+  rule: the belief's constants (`adaptive.BeliefRule`, a static of the loop)."""
 
   costs: CostTable | None
   gamma_max: int = DEFAULT_GAMMA_MAX
+  rule: BeliefRule = DEFAULT_RULE
 
   def __post_init__(self):
     _check_positive_int("gamma_max", self.gamma_max)
+    if not isinstance(self.rule, BeliefRule):
+      raise ValueError(f"gamma='auto' rule must be a gamma.adaptive.BeliefRule, got "
+                       f"{type(self.rule).__name__}")
     if self.costs is not None and not isinstance(self.costs, CostTable):
       raise ValueError(f"gamma='auto' needs a cost table (gamma.adaptive.CostTable; the "
                        f"scripts measure one with specdec_jax.gamma.machine_costs), got "
@@ -140,6 +145,11 @@ class DecodeSpec:
     return isinstance(self.proposer, AutoGamma)
 
   @property
+  def gamma_rule(self) -> BeliefRule | None:
+    """The belief's constants of gamma 'auto' (`AutoGamma.rule`), else None."""
+    return self.proposer.rule if self.adaptive else None
+
+  @property
   def tree(self) -> TreeProposal | None:
     return self.proposer if isinstance(self.proposer, TreeProposal) else None
 
@@ -148,13 +158,14 @@ class DecodeSpec:
     return resolve_verifier(self.verifier)
 
   def lag(self, draft: Draft | None) -> int:
-    """Positions a draft may fall behind on plain steps: its skip_lag under gamma 'auto'."""
+    """A draft's skip lag under gamma 'auto' (`Draft.skip_lag`: it may be skipped and
+    catches up that many positions a call), else 0."""
     return draft.skip_lag if self.adaptive and draft is not None else 0
 
   def static(self) -> "DecodeSpec":
     """The spec a compiled loop holds: gamma 'auto' without its table (a traced input)."""
     if self.adaptive:
-      return dataclasses.replace(self, proposer=AutoGamma(None, self.proposer.gamma_max))
+      return dataclasses.replace(self, proposer=dataclasses.replace(self.proposer, costs=None))
     return self
 
   def costs_array(self) -> np.ndarray | None:

@@ -50,8 +50,7 @@ class DecodeState:
   accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
   gammas: Array  # int32 [B,M], drafts proposed per row per step (γ_b); -1 where it idled
-  alpha_estimate: Array | None = None  # float32 [B,2], α̂ per source, gamma 'auto'
-  plain_run: Array | None = None  # int32 [B], γ_b = 0 steps since the row's last probe
+  belief: adaptive.Belief | None = None  # each row's acceptance evidence, gamma 'auto'
 
 
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
@@ -61,8 +60,8 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
   """Prefills the target cache and the draft's state with the prompts and builds the state.
 
   gamma: G; lag: the draft's skip lag under gamma 'auto' (`DecodeSpec.lag`): the caches
-  and token buffer get G + L slots beyond P + M. adaptive_gamma: every row's α̂ starts at
-  `adaptive.ALPHA_PRIOR`. mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches
+  and token buffer get G + L slots beyond P + M. adaptive_gamma: every row's belief starts
+  at the prior (`adaptive.initial_belief`). mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches
   are pinned to `sharding.cache_sharding` (batch over 'data', kv heads over 'model').
   """
   batch, width = tokens.shape
@@ -94,8 +93,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
       gammas=jnp.full((batch, max_new_tokens), -1, jnp.int32),
-      alpha_estimate=adaptive.initial_alpha(batch) if adaptive_gamma else None,
-      plain_run=jnp.zeros((batch,), jnp.int32) if lag else None,
+      belief=adaptive.initial_belief(batch) if adaptive_gamma else None,
   )
 
 

@@ -17,19 +17,20 @@ One speculative step for row b (length ℓ = num_tokens[b]-1, pending token t):
 Rows advance by their own n, never by the batch minimum; finished rows idle.
 
 Call widths. The step runs one of the static widths k of `step_widths`, the narrowest with
-k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (d = 1 at k = 1 gives q_1 for
-α̂), and xs, qs, ps are padded to G (zero q rows) so the verifier, called with
+k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (at k = 1 a draft that is not
+skipped still runs once, so its state follows the tokens), and xs, qs, ps are padded to G (zero q rows) so the verifier, called with
 num_proposed = γ_b, draws the same uniforms and emits the same tokens for a row whatever
 width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with the row's
 resampling key (the argmax at T = 0), on one position. A fixed γ whose draft always
 proposes is the single width G+1.
 
 Plain steps skip the draft (gamma 'auto' with a draft whose `skip_lag` L > 0): a step in
-which no live row proposes (γ_b = 0) or probes, and every live row's draft state has room
-to fall one more position behind, calls the target alone at width 1 (`may_skip_draft`).
-A row's γ_b = 0 steps observe q_1 for α̂ only on its probes, every L-th γ_b = 0 step of the
-row (`probes`, counted in `plain_run`), on which the draft runs: what a row observes, and
-so every choice and token, depends on its own past only.
+which no live row proposes (γ_b = 0) and every live row's draft state has room to fall one
+more position behind calls the target alone at width 1 (`may_skip_draft`). The draft
+catches up on the skipped tokens before it next runs, or when a row runs out of room
+(`catch_up_needed`; the loop's catch-up calls, `decoding.loop`). A γ_b = 0 step observes
+nothing for the row's belief, so what a row observes, and so every choice and token,
+depends on its own past only.
 """
 
 from __future__ import annotations
@@ -63,14 +64,16 @@ class StepPlan:
   draft: Plan
 
 
-def step_plan(state: DecodeState, draft: Draft, gamma: int, costs: Array | None) -> StepPlan:
+def step_plan(state: DecodeState, draft: Draft, spec: DecodeSpec,
+              costs: Array | None) -> StepPlan:
   """Step 1 (module docstring). costs: float32 [2,G+1] (`CostTable.loop_costs`) or None."""
+  gamma = spec.gamma
   plan = draft.plan(state, gamma)
   proposes = ~state.done & plan.proposes
   if costs is None:
     chosen = jnp.full(state.num_tokens.shape, gamma, jnp.int32)
   else:
-    chosen = adaptive.choose_gamma_by_source(state.alpha_estimate, costs, plan.source)
+    chosen = spec.gamma_rule.choose(state.belief, costs, plan.source)
   return StepPlan(chosen=jnp.where(proposes, chosen, 0), proposes=proposes, draft=plan)
 
 
@@ -80,11 +83,20 @@ def step_widths(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
 
 
 def may_skip_draft(state: DecodeState, draft: Draft, chosen: Array) -> Array:
-  """bool []: this step may skip the draft (module docstring): no live row proposes or
-  probes, and every live row's draft state has room to fall behind. chosen int32 [B]."""
+  """bool []: this step may skip the draft (module docstring): no live row proposes, and
+  every live row's draft state has room to fall behind. chosen int32 [B]."""
   room = draft.room_to_skip(state.draft_state, state.num_tokens - 1)
-  probing = adaptive.probes(chosen, state.plain_run, draft.skip_lag)
-  return jnp.all(state.done | ((chosen == 0) & ~probing & room))
+  return jnp.all(state.done | ((chosen == 0) & room))
+
+
+def catch_up_needed(state: DecodeState, draft: Draft, chosen: Array) -> Array:
+  """bool []: the draft must catch up (`Draft.catch_up`) before this step: a live row runs
+  out of room on a step that would skip the draft, or is not ready on one that runs it."""
+  length = state.num_tokens - 1
+  skipping = jnp.all(state.done | (chosen == 0))
+  ok = jnp.where(skipping, draft.room_to_skip(state.draft_state, length),
+                 draft.ready_to_draft(state.draft_state, length))
+  return jnp.any(~state.done & ~ok)
 
 
 def warp_vocab(logits: Array, *, vocab: int, sampling: SamplingConfig) -> Array:
@@ -110,7 +122,7 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState,
   length = state.num_tokens - 1
   pending = pending_tokens(state)
   draft_keys, verify_keys = split_step_keys(state, gamma)
-  plan = step_plan(state, draft, gamma, costs) if plan is None else plan
+  plan = step_plan(state, draft, spec, costs) if plan is None else plan
   chosen = plan.chosen
   widths = step_widths(draft, spec)
   layers = draft.target_layers
@@ -174,11 +186,10 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState,
   beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   beta = jnp.pad(beta, ((0, 0), (0, gamma - beta.shape[1])))  # [B,G]
   state = record(state, num_accepted, chosen, beta)
-  if costs is not None:  # a skipped step observes nothing (no row proposes or probes)
-    alpha, plain_run = adaptive.observe(
-        state.alpha_estimate, state.plain_run, chosen=chosen, proposes=plan.proposes,
-        num_accepted=num_accepted, beta=beta, source=plan.draft.source, lag=spec.lag(draft))
-    state = state.replace(alpha_estimate=alpha, plain_run=plain_run)
+  if costs is not None:  # a skipped step observes nothing (no row proposes)
+    state = state.replace(belief=spec.gamma_rule.observe(
+        state.belief, chosen=chosen, proposes=plan.proposes, num_accepted=num_accepted,
+        beta=beta, source=plan.draft.source))
   state = emit(state, block, num_accepted + 1, eos_id=spec.eos_id,
                max_new_tokens=spec.max_new_tokens)
   new_length = state.num_tokens - 1

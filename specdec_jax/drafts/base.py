@@ -7,16 +7,19 @@ A draft kind is one subclass of `Draft`: a frozen dataclass (hashable, so the lo
 it as a jit static) that describes the draft; its params travel beside it
 (`models.model.Model(config=draft, params=...)`). The loop owns the tokens, the target
 cache, the keys and the verifier; the draft owns its *draft state* (any pytree: a KV
-cache, target features, nothing) and four moves on it:
+cache, target features, nothing) and these moves on it:
 
   prefill   the prompts -> the draft state (cache-only calls);
   plan      which rows have something to propose this step, and their proposal source
             (`gamma.adaptive.DRAFT` or `LOOKUP`); computed once per step;
   propose   d tokens x [B,d] per row with the laws q [B,d,V] they were drawn from
             (a chain), or a token tree (`propose_tree`);
-  catch up  after the target call (`observe_target`, which sees the target's features
+  follow    after the target call (`observe_target`, which sees the target's features
             at the call's positions when the draft reads them) and the verifier
-            (`rollback`), the draft state follows the emitted tokens.
+            (`rollback`), the draft state follows the emitted tokens;
+  catch up  a draft that may be skipped (`skip_lag` > 0, gamma 'auto') falls behind on
+            steps in which no row drafts, and follows the skipped tokens later
+            (`catch_up`, `room_to_skip`, `ready_to_draft`).
 
 Exactness needs one thing of a draft: x_i is drawn from the q_i it returns, using the
 keys it is given, from the row's own tokens and state. The verifier then keeps every
@@ -112,8 +115,9 @@ class Draft:
 
   @property
   def skip_lag(self) -> int:
-    """Positions the draft state may fall behind on plain steps that skip the draft
-    (gamma 'auto'); 0: the draft runs on every step."""
+    """L > 0: under gamma 'auto' steps in which no row drafts skip the draft, which falls
+    behind and catches up (`catch_up`) L positions a call; the caches and token buffer get
+    L slots more. 0: the draft runs on every step."""
     return 0
 
   @property
@@ -180,8 +184,20 @@ class Draft:
     return draft_state
 
   def room_to_skip(self, draft_state, length: Array) -> Array:
-    """bool [B]: the draft state can fall one more position behind (`skip_lag` > 0)."""
+    """bool [B]: the draft state can fall one more position behind (`skip_lag` > 0); a
+    row without room is caught up (`catch_up`) before the next skipping step."""
     return jnp.zeros(length.shape, bool)
+
+  def ready_to_draft(self, draft_state, length: Array) -> Array:
+    """bool [B]: `propose` may run from this state now (`skip_lag` > 0); a row that is
+    not ready is caught up before the next step that runs the draft."""
+    return jnp.ones(length.shape, bool)
+
+  def catch_up(self, params, target_params, state) -> Any:
+    """The draft state after one call that follows up to `skip_lag` of the tokens its rows
+    skipped (the loop's state; the pending token excluded); rows already caught up keep
+    their state's meaning. Only when `skip_lag` > 0."""
+    raise NotImplementedError
 
   def propose_tree(self, params, target_params, state, keys: Array, *, shape: TreeShape,
                    rule: str, warp_fn, vocab_size: int, greedy: bool):
@@ -260,6 +276,12 @@ class WrappingDraft(Draft):
 
   def room_to_skip(self, draft_state, length):
     return self.inner.room_to_skip(draft_state, length)
+
+  def ready_to_draft(self, draft_state, length):
+    return self.inner.ready_to_draft(draft_state, length)
+
+  def catch_up(self, params, target_params, state):
+    return self.inner.catch_up(params, target_params, state)
 
   def propose_tree(self, params, target_params, state, keys, **kw):
     return self.inner.propose_tree(params, target_params, state, keys, **kw)

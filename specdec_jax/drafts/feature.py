@@ -19,7 +19,8 @@ so the next re-read covers the n+1 positions accepted, whichever tokens were pro
 Plain steps may skip the draft (gamma 'auto', `skip_lag` = FEATURE_LAG): the cache keeps
 ℓ_d and the target's features at ℓ join `features` at index ℓ - ℓ_d + 1, so the next
 drafting step's re-read reads true features for every skipped token, as if it had never
-been skipped.
+been skipped. When the buffer is full, one cache-only call re-reads its first L positions
+and the buffer moves on by them (`catch_up`), however long the row goes on skipping.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from specdec_jax.models.model import ModelConfig, forward
 
 Array = jax.Array
 # gamma='auto': plain steps (no row proposes) may skip a feature draft for up to this many
-# positions beyond the G+1 its re-read covers; a row's draft still runs (its probe, which
-# keeps α̂ alive) on every FEATURE_LAG-th plain step. The value was chosen by replaying the
-# held-out set's greedy decodes (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
+# positions beyond the G+1 its re-read covers, after which one cache-only call catches up
+# on them (`catch_up`). Every drafting step's re-read is G+1+L wide, so L trades that
+# width against one catch-up call per L skipped steps.
 FEATURE_LAG = 8
 
 
@@ -179,6 +180,27 @@ class FeatureDraft(ModelDraft):
   def room_to_skip(self, draft_state, length):
     behind = length - draft_state.cache["length"]  # ℓ - ℓ_d [B]
     return behind <= draft_state.features.shape[1] - 2
+
+  def ready_to_draft(self, draft_state, length):
+    behind = length - draft_state.cache["length"]  # the re-read reaches ℓ
+    return behind <= draft_state.features.shape[1] - 1
+
+  def catch_up(self, params, target_params, state):
+    """One cache-only call re-reads positions ℓ_d..ℓ_d+L-1 (L = FEATURE_LAG) from the
+    buffer; ℓ_d advances by n = min(L, ℓ - ℓ_d) and the buffer by n entries."""
+    draft = state.draft_state
+    base = draft.cache["length"]  # ℓ_d [B]
+    at = base[:, None] + jnp.arange(FEATURE_LAG)[None, :]
+    tokens = jnp.take_along_axis(state.tokens, at, axis=1)
+    _, cache = forward(params, tokens, at, draft.cache, config=self.config,
+                       return_logits=False, input_embed=target_params["embed"],
+                       target_features=draft.features[:, :FEATURE_LAG])
+    moved = jnp.minimum(FEATURE_LAG, state.num_tokens - 1 - base)  # n [B]
+    width = draft.features.shape[1]
+    padded = jnp.pad(draft.features, ((0, 0), (0, FEATURE_LAG), (0, 0)))
+    features = jax.vmap(lambda row, n: jax.lax.dynamic_slice_in_dim(row, n, width))(
+        padded, moved)
+    return FeatureState(cache=with_length(cache, base + moved), features=features)
 
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
                    vocab_size, greedy, lookup=None):

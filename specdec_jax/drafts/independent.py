@@ -7,6 +7,10 @@ One chain step for row b (length ℓ = num_tokens[b]-1, pending token t):
      x_i ~ q_i = warp(draft logits) and keeping q_i;
   2. one cache-only call writes x_d (head skipped), so the draft has seen every token the
      target will see; after the verifier its cache length is set to the new ℓ.
+Under gamma 'auto' a step in which no row drafts skips the draft (`skip_lag` =
+CATCH_UP_WIDTH > 0): its cache length ℓ_d stays, and before the next step that drafts
+one cache-only call per CATCH_UP_WIDTH skipped tokens feeds tokens ℓ_d..ℓ-1 (`catch_up`),
+after which the cache is the one a draft that never skipped would hold.
 A vocabulary-subset head (`ModelConfig.head_tokens`) gives every other token q = 0; such
 a token is then only emitted from the residual.
 
@@ -29,6 +33,9 @@ from specdec_jax.drafts.base import ModelDraft, pending_tokens, sample_rows, wit
 from specdec_jax.models.model import ModelConfig, check_params, forward
 
 Array = jax.Array
+# Skipped tokens one catch-up call feeds (gamma 'auto'); a row that skipped more is caught
+# up in several calls before it drafts again.
+CATCH_UP_WIDTH = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +50,10 @@ class IndependentDraft(ModelDraft):
   @property
   def follows_emitted(self) -> bool:
     return True  # it feeds what its rows propose (a hybrid's lookup where it matched)
+
+  @property
+  def skip_lag(self) -> int:
+    return CATCH_UP_WIDTH
 
   def check(self, params, target_config) -> None:
     check_params(params, self.config, "draft")
@@ -81,7 +92,28 @@ class IndependentDraft(ModelDraft):
     return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
 
   def rollback(self, draft_state, *, length, new_length, skipped):
+    if skipped:  # ℓ_d stays: `catch_up` feeds the skipped tokens before the next draft
+      return draft_state
     return with_length(draft_state, new_length)
+
+  def room_to_skip(self, draft_state, length):
+    return jnp.ones(length.shape, bool)  # the skipped tokens wait in the loop's buffer
+
+  def ready_to_draft(self, draft_state, length):
+    return draft_state["length"] >= length
+
+  def catch_up(self, params, target_params, state):
+    """One cache-only call over tokens ℓ_d..ℓ_d+W-1 (W = CATCH_UP_WIDTH): ℓ_d advances by
+    min(W, ℓ - ℓ_d). The slots it writes past ℓ hold tokens the row has not emitted yet
+    (the pending token, then zeros); every later call rewrites them before they are
+    attended (a causal cache)."""
+    draft_state = state.draft_state
+    base = draft_state["length"]  # ℓ_d [B]
+    at = base[:, None] + jnp.arange(CATCH_UP_WIDTH)[None, :]
+    tokens = jnp.take_along_axis(state.tokens, at, axis=1)
+    _, cache = forward(params, tokens, at, draft_state, config=self.config,
+                       return_logits=False)
+    return with_length(cache, jnp.minimum(base + CATCH_UP_WIDTH, state.num_tokens - 1))
 
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
                    vocab_size, greedy, lookup=None):

@@ -15,27 +15,36 @@ The model leaves out everything but the two models' forward calls (the draft's s
 the verifier and the bookkeeping: a sizeable part of a step on a small CPU target, more at
 temperature > 0, where every drafted token is sampled over the whole vocabulary), so the
 measured form is the one the scripts use.
-Each row b keeps an estimate α̂_{b,src} of its acceptance per proposal source src
-(DRAFT = 0: the draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right
-far more often where it matches): an exponential moving average of the exact
-β_i = Σ min(p_i, q_i) at the drafted positions it observed from that source, in order,
-  α̂ ← (1 - w) α̂ + w β_i,   w = ALPHA_WEIGHT,  α̂ = ALPHA_PRIOR[src] before the first one.
+Each row b keeps a belief about its acceptance per proposal source src (DRAFT = 0: the
+draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right far more often
+where it matches): discounted sums of the exact β_i = Σ min(p_i, q_i) at the drafted
+positions it observed from that source, and of their count (`Belief`),
+  S ← KEEP·S + β_i,  n ← KEEP·n + 1   per observed position, in order,
+  S ← FORGET·S,      n ← FORGET·n     per step in which the column observes nothing,
+with the mean α̂ = (S + n₀·α₀) / (n + n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT) and the
+optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (n + n₀))). KEEP weighs about
+the last 10 positions; FORGET lets evidence that was not renewed fade, so the bound of a
+row that stopped drafting widens with time.
 A step's source is LOOKUP where a hybrid's lookup matches the row's known tokens, else
 DRAFT (always DRAFT for the other kinds). Each source has its own step costs: in a step
 where every proposing row takes the lookup, the hybrid's feature draft runs its re-read
 only (q_1 and its cache), not its deeper drafts, so s_lookup(γ) < s(γ) for γ >= 2.
-A position is observed when the draft proposed it and it was reached (every earlier
-draft accepted). A step with γ_b = 0 proposes nothing, but its draft still computes
-q_1 and the target call gives p_1, so β_1 is observed too: the estimate stays alive
-while the row decodes plainly (a prompt lookup without a match observes nothing).
-Each step row b takes, with src its source this step,
-  γ_b = argmax_{γ in 0..G} E(α̂_{b,src}, γ) / s_src(γ),   E(α, γ) = Σ_{j=0..γ} α^j
-(Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ).
-A γ = 0 step still runs the draft once (its q_1 keeps α̂ alive), so s(0) >= 1: the
-modelled s(0) is 1 + c. A feature draft runs on one γ = 0 step in `FEATURE_LAG` only (its
-probe; `decoding.step`, "Plain steps skip the draft"), so its measured s(0) is the mean over
-that cycle. The choice depends only on the row's past, so the verifiers'
-`num_proposed` rule keeps every emitted token distributed as p.
+A position is observed when the row proposed it and reached it (every earlier draft
+accepted). Each step row b takes, with src its source this step and
+  best(α) = argmax_{γ in 0..G} E(α, γ) / s_src(γ),   E(α, γ) = Σ_{j=0..γ} α^j
+(Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ):
+  γ_b = best(α̂)   where that drafts (exploit),   else best(α⁺)   (a probe, or 0).
+This is optimism under uncertainty with discounted evidence (the discounted UCB of
+Garivier and Moulines 2011): a fresh row's bound drafts from its first step whatever the
+prior's mean, a row whose drafts were rejected stops drafting once α⁺ falls below the
+table's threshold, and probes again once enough of its evidence has faded; a probe is
+worth more the closer α̂ sits to the threshold and the longer the row went unobserved,
+the value of the information it buys (docs/background.md#gamma-auto).
+A γ_b = 0 step observes nothing and, for a draft that can fall behind (`Draft.skip_lag`
+> 0: every model draft), does not run the draft when no live row drafts: it costs a plain
+step, s(0) ≈ 1, and the draft catches up on the skipped tokens when it next runs
+(`Draft.catch_up`, `decoding.loop`). The choice depends only on the row's own past, so
+the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,11 +64,16 @@ Array = jax.Array
 # (docs/background.md#formulas; measured v(k): docs/results.md#heldout).
 DEFAULT_GAMMA_MAX = 4
 DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt lookup
-# α̂ per source before a row has observed any of its drafted positions, and the EMA weight
-# of each observed β (about the last 10 positions count). Chosen by replaying the held-out
-# set's greedy decodes offline under each rule (scripts/gamma_policy_study.py).
+# The belief's prior mean α₀ per source and its weight n₀ in pseudo-positions; KEEP, the
+# discount per observed position (about the last 1 / (1 - KEEP) = 10 count); FORGET, the
+# discount per step a column observes nothing; OPTIMISM, the bound's width in standard
+# deviations. Chosen by replaying the held-out set's greedy decodes offline under each
+# rule (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
 ALPHA_PRIOR = (0.5, 0.8)
-ALPHA_WEIGHT = 0.1
+PRIOR_WEIGHT = 2.0
+KEEP = 0.9
+FORGET = 0.97
+OPTIMISM = 1.0
 # Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
 PAYS_AT_ALPHA = 0.9
 
@@ -172,11 +187,11 @@ class CostTable:
 
 
 def draft_calls(gamma: int) -> int:
-  """Draft calls of a chain step in which a row proposes γ drafts: γ, and one at γ = 0
-  (its q_1 keeps α̂ alive; `decoding.step`). The one count of the modelled step costs
-  (`step_cost`): the loop's choice, the studies' and the benchmark's predictions and the
-  roofline all take it from here."""
-  return max(int(gamma), 1)
+  """Draft calls of a chain step in which a row proposes γ drafts: γ (a γ = 0 step skips
+  the draft; `decoding.step`). The one count of the modelled step costs (`step_cost`):
+  the loop's choice, the studies' and the benchmark's predictions and the roofline all
+  take it from here."""
+  return int(gamma)
 
 
 def step_cost(calls: int, c: float, verify_cost: float, verifier_cost: float = 0.0) -> float:
@@ -206,64 +221,80 @@ def choose_gamma(alpha: Array, costs: Array) -> Array:
   return jnp.argmax(expected / jnp.atleast_2d(costs), axis=1).astype(jnp.int32)
 
 
-def choose_gamma_by_source(alpha: Array, costs: Array, source: Array) -> Array:
-  """int32 [B]: `choose_gamma` on each row's α̂ and step costs of its source this step.
+@flax.struct.dataclass
+class Belief:
+  """Each row's evidence about its acceptance per source (module docstring): beta_sum
+  float32 [B,2] (S, discounted Σ β) and count float32 [B,2] (n, discounted positions)."""
 
-  alpha float [B,2] (α̂ per source); costs float32 [2,G+1] (`CostTable.loop_costs`);
-  source int [B] (DRAFT or LOOKUP).
-  """
-  own = jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
-  return choose_gamma(own, jnp.asarray(costs)[source])
-
-
-def initial_alpha(batch: int) -> Array:
-  """float32 [B,2]: every row's α̂ per source before it observes anything."""
-  return jnp.broadcast_to(jnp.asarray(ALPHA_PRIOR, jnp.float32), (batch, len(ALPHA_PRIOR)))
+  beta_sum: Array
+  count: Array
 
 
-def update_alpha(alpha: Array, beta: Array, observed: Array, source: Array | None = None,
-                 weight: float = ALPHA_WEIGHT) -> Array:
-  """float32 [B] or [B,2]: α̂ after the observed positions of one step, in order.
-
-  alpha [B], or [B,2] per source with source int [B] (the column this step's β update);
-  beta float [B,G] (β_i); observed bool [B,G].
-  """
-  if source is not None:
-    own = jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
-    own = update_alpha(own, beta, observed, weight=weight)
-    return jnp.where(jnp.arange(alpha.shape[1])[None, :] == source[:, None], own[:, None],
-                     alpha)
-  for i in range(beta.shape[1]):  # G is small and static
-    alpha = jnp.where(observed[:, i], (1.0 - weight) * alpha + weight * beta[:, i], alpha)
-  return alpha
+def initial_belief(batch: int) -> Belief:
+  """Every row's belief before it observes anything: the prior alone (n = 0)."""
+  zeros = jnp.zeros((batch, len(ALPHA_PRIOR)), jnp.float32)
+  return Belief(beta_sum=zeros, count=zeros)
 
 
-def probes(chosen: Array, plain_run: Array, lag: int) -> Array:
-  """bool [B]: rows whose draft runs for q_1 this step though they propose nothing (γ_b = 0):
-  every lag-th plain step of a row, counted in plain_run [B] (the row's own past only)."""
-  return (chosen == 0) & (plain_run >= lag - 1)
+@dataclasses.dataclass(frozen=True)
+class BeliefRule:
+  """The constants of the belief and its choice (module docstring); the decode loop runs
+  `DEFAULT_RULE`, the replay (`gamma_replay`) compares others offline."""
+
+  prior: tuple[float, float] = ALPHA_PRIOR
+  prior_weight: float = PRIOR_WEIGHT
+  keep: float = KEEP
+  forget: float = FORGET
+  optimism: float = OPTIMISM
+
+  def mean(self, belief: Belief) -> Array:
+    """float32 [B,2]: α̂ = (S + n₀ α₀) / (n + n₀)."""
+    prior = jnp.asarray(self.prior, jnp.float32)
+    return (belief.beta_sum + self.prior_weight * prior) / (belief.count + self.prior_weight)
+
+  def bound(self, belief: Belief) -> Array:
+    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (n + n₀)))."""
+    mean = self.mean(belief)
+    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0) / (belief.count + self.prior_weight))
+    return jnp.minimum(mean + self.optimism * spread, 1.0)
+
+  def choose(self, belief: Belief, costs: Array, source: Array) -> Array:
+    """int32 [B]: γ_b of the module docstring, best(α̂) where it drafts, else best(α⁺),
+    on the step costs of each row's source this step.
+
+    costs float32 [2,G+1] (`CostTable.loop_costs`); source int [B] (DRAFT or LOOKUP).
+    """
+    def own(alpha):
+      return jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
+    row_costs = jnp.asarray(costs)[source]
+    exploit = choose_gamma(own(self.mean(belief)), row_costs)
+    return jnp.where(exploit > 0, exploit, choose_gamma(own(self.bound(belief)), row_costs))
+
+  def observe(self, belief: Belief, *, chosen: Array, proposes: Array, num_accepted: Array,
+              beta: Array, source: Array) -> Belief:
+    """One step's bookkeeping, the same in the decode loop and the replay: the belief
+    after the positions the step observed, in order.
+
+    A position i is observed when the row proposed it (i <= γ_b) and reached it (every
+    earlier draft accepted); the column of the row's source takes them (S ← KEEP S + β_i,
+    n ← KEEP n + 1 each), every column that observed nothing fades by FORGET.
+    chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G]
+    (β_i); source int [B] (the column this step updates).
+    """
+    j = jnp.arange(beta.shape[1])[None, :]
+    observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])
+    total, count = belief.beta_sum, belief.count
+    column = jnp.arange(total.shape[1])[None, :] == source[:, None]  # [B,2]
+    for i in range(beta.shape[1]):  # G is small and static
+      hit = column & observed[:, i:i + 1]
+      total = jnp.where(hit, self.keep * total + beta[:, i:i + 1], total)
+      count = jnp.where(hit, self.keep * count + 1.0, count)
+    quiet = ~(column & observed.any(axis=1, keepdims=True))
+    return Belief(beta_sum=jnp.where(quiet, self.forget * total, total),
+                  count=jnp.where(quiet, self.forget * count, count))
 
 
-def observe(alpha: Array, plain_run: Array | None, *, chosen: Array, proposes: Array,
-            num_accepted: Array, beta: Array, source: Array, lag: int,
-            weight: float = ALPHA_WEIGHT) -> tuple[Array, Array | None]:
-  """One step's bookkeeping of gamma 'auto', the same in the decode loop and the replay
-  (`gamma_replay`) -> (α̂ float32 [B,2], plain_run int32 [B] or None).
-
-  A position is observed when the row proposed it (or, at γ_b = 0, probed q_1) and reached
-  it (every earlier draft accepted). With a skip lag (lag > 0, plain_run [B]) a γ_b = 0 row
-  observes only on its probes, and plain_run counts its plain steps since the last probe.
-  chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G] (β_i);
-  source int [B] (the α̂ column this step updates).
-  """
-  j = jnp.arange(beta.shape[1])[None, :]
-  observed = (proposes[:, None] & (j <= num_accepted[:, None])
-              & (j < jnp.maximum(chosen, 1)[:, None]))
-  if lag:
-    ran = (chosen > 0) | probes(chosen, plain_run, lag)
-    observed = observed & ran[:, None]
-    plain_run = jnp.where(ran, 0, plain_run + 1)
-  return update_alpha(alpha, beta, observed, source, weight=weight), plain_run
+DEFAULT_RULE = BeliefRule()
 
 
 def call_widths(gamma: int, adaptive: bool, may_propose_nothing: bool) -> tuple[int, ...]:

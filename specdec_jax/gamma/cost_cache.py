@@ -47,8 +47,9 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   else:
     # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
     # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
-    # timed call), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=7)
+    # timed call; 8: γ = 0 steps skip the draft, timed over PLAIN_STEPS_PER_CALL), so
+    # older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=8)
   return key
 
 

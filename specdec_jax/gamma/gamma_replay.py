@@ -18,9 +18,10 @@ against the loop's own accepted counts in tests/test_gamma_replay.py).
 so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cost of
 s_src(γ) plain steps (the measured step costs), observe the hits the loop observes, and
 move on. Tokens per plain-step cost is the rule's predicted speedup over autoregressive
-decoding on that prompt. The bookkeeping of each step is the decode loop's own function
-(`adaptive.observe`); how closely the replay predicts measured speedups is in
-docs/results.md#gamma-rules.
+decoding on that prompt. The choice and the bookkeeping of each step are the decode
+loop's own functions (`adaptive.BeliefRule.choose` and `.observe`); the draft's catch-up
+calls after skipped steps are not counted. How closely the replay predicts measured
+speedups is in docs/results.md#gamma-rules.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 from specdec_jax.decoding.loop import autoregressive_generate
 from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts import ngram
-from specdec_jax.drafts.feature import FEATURE_LAG, FeatureDraft
+from specdec_jax.drafts.feature import FeatureDraft
 from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.gamma import adaptive
@@ -61,15 +62,13 @@ class Rule:
   """How a row picks γ each step.
 
   fixed: always this γ (a fixed-γ run); oracle: the γ of the best tokens/cost knowing the
-  step's depth (a bound, not a rule); otherwise gamma='auto' (`adaptive`): the argmax of
-  E(α̂, γ) / s(γ), α̂ an EMA with `weight` from `prior`, one per source when by_source
-  (else one for both, starting at prior[DRAFT]), probes every `lag`-th plain step.
+  step's depth (a bound, not a rule); otherwise gamma='auto' (`adaptive`) under `belief`'s
+  constants, with one belief per source when by_source (else one for both, the DRAFT
+  column's).
   """
 
-  prior: tuple[float, float] = adaptive.ALPHA_PRIOR
-  weight: float = adaptive.ALPHA_WEIGHT
+  belief: adaptive.BeliefRule = adaptive.DEFAULT_RULE
   by_source: bool = True
-  lag: int = FEATURE_LAG
   fixed: int | None = None
   oracle: bool = False
 
@@ -149,26 +148,24 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
                      f"{trace.hit.shape[1]}")
   n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
   depth = trace.depth
-  alpha = np.asarray(rule.prior, np.float32)
-  at, tokens, cost, plain, gammas = 0, 0, 0.0, 0, {}
+  belief = adaptive.initial_belief(1)
+  at, tokens, cost, gammas = 0, 0, 0.0, {}
   while tokens < n_max and at < len(depth):
     source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
-    column = source if rule.by_source else adaptive.DRAFT
+    column = jnp.asarray([source if rule.by_source else adaptive.DRAFT])
     s = costs[source]
     if rule.fixed is not None:
       gamma = rule.fixed
     elif rule.oracle:
       gamma = int(np.argmax((np.minimum(depth[at], np.arange(gmax + 1)) + 1) / s))
-    else:  # the decode loop's own rule
-      gamma = int(adaptive.choose_gamma(alpha[column:column + 1], s.astype(np.float32))[0])
+    else:  # the decode loop's own rule, on this step's source costs
+      both = jnp.asarray(np.stack([s, s]), jnp.float32)
+      gamma = int(rule.belief.choose(belief, both, column)[0])
     accepted = min(int(depth[at]), gamma)
-    new_alpha, new_plain = adaptive.observe(  # the decode loop's own bookkeeping
-        jnp.asarray(alpha)[None], jnp.asarray([plain], jnp.int32),
-        chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
+    belief = rule.belief.observe(  # the decode loop's own bookkeeping
+        belief, chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
         num_accepted=jnp.asarray([accepted]),
-        beta=jnp.asarray(trace.hit[None, at, :gmax], jnp.float32),
-        source=jnp.asarray([column]), lag=rule.lag, weight=rule.weight)
-    alpha, plain = np.asarray(new_alpha)[0], int(new_plain[0]) if rule.lag else 0
+        beta=jnp.asarray(trace.hit[None, at, :gmax], jnp.float32), source=column)
     gammas[gamma] = gammas.get(gamma, 0) + 1
     tokens += accepted + 1
     cost += s[gamma]

@@ -9,9 +9,10 @@ on a prefilled state that many steps before its end, with step costs that make e
 propose γ (`forcing_costs`); the plain step is the autoregressive loop's. Each is the
 median of `repeats` rounds divided by the steps run, the widths and the plain step
 interleaved in each round (timed again where s(0) < `PLAUSIBLE_PLAIN_COST`, which only a
-disturbed timing of the plain step gives). With a draft that skips plain steps
-(`Draft.skip_lag` L > 0), a timed call runs L steps and s(0) is the mean over a row's probe
-cycle: L - 1 steps that skip the draft and one that runs it. With a draft whose
+disturbed timing of the plain step gives). s(0) and the plain step are timed over
+`PLAIN_STEPS_PER_CALL` steps, so a draft that is skipped on them (`Draft.skip_lag` > 0)
+and catches up when its buffer fills (a feature draft, every L skipped steps) has its
+catch-up calls in s(0). With a draft whose
 `cost_sources` include a lookup the same compiled loop also times s_lookup(γ), steps in
 which every row takes the lookup (a context that repeats itself, so every row's lookup
 matches). Given the shapes of the run about to decode (`config_proposer`), the table
@@ -51,10 +52,10 @@ LOOKUP_CONTEXT = 32
 STEP_REPEATS = 5
 # Loop steps per timed call. A call's fixed cost (entering the compiled loop with its
 # state) is a noticeable fraction of one step, so one step per call overstates s(γ); over
-# eight steps it is small (docs/results_archive.md#step-timing). A draft with a skip lag L
-# times L steps per call instead, so its γ = 0 steps, timed from a row's last probe, are one
-# probe cycle (L - 1 steps that skip the draft, one that runs it).
+# eight steps it is small (docs/results_archive.md#step-timing). The γ = 0 and plain calls
+# run more, to span a few of a skipped draft's catch-up cycles.
 STEPS_PER_CALL = 8
+PLAIN_STEPS_PER_CALL = 32
 # The generation length the steps are timed under when a caller gives none (it sizes the
 # token buffer and caches of the timed loop, as in a run of that many new tokens).
 MEASURE_NEW_TOKENS = 64
@@ -124,7 +125,8 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   plain_spec = DecodeSpec(max_new_tokens, sampling=sampling, eos_id=eos_id)
   auto_spec = DecodeSpec(max_new_tokens, AutoGamma(placeholder, gamma_max), sampling=sampling,
                          verifier=verifier, eos_id=eos_id)
-  steps = min(drafter.skip_lag or STEPS_PER_CALL, max_new_tokens)
+  steps = min(STEPS_PER_CALL, max_new_tokens)
+  plain_steps = min(PLAIN_STEPS_PER_CALL, max_new_tokens)
 
   def run_from(params, prepared, state, costs, n):
     return steps_from(target, params, prepared, state, n, costs)
@@ -139,10 +141,11 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   fns, ran, forced = {}, {}, {}  # name -> timed call, loop steps it runs, γ of every step
 
   def add(key, params, prepared, state, costs, gamma):
-    """Times `key` over the leading steps (at most `steps`) in which every live row
-    takes gamma: a lookup step's row proposes only while its lookup matches, and a row
-    is done at EOS. These calls compile the loop (nothing new where a run compiled it)."""
-    n = steps
+    """Times `key` over the leading steps (at most `steps`, `plain_steps` at γ = 0) in
+    which every live row takes gamma: a lookup step's row proposes only while its lookup
+    matches, and a row is done at EOS. These calls compile the loop (nothing new where a
+    run compiled it)."""
+    n = plain_steps if gamma == 0 else steps
     while (good := took_forced(run_from(params, prepared, state, costs, n)(), gamma, n)) < n \
         and good > 0:
       n = good
