@@ -2,7 +2,8 @@ r"""Where one speculative step's time goes: the run's own compiled loop beside i
 
   python scripts/profile_step.py --config=configs/qwen25_coder.py [--gamma=3] [--out=FILE.json]
   python scripts/profile_step.py --config=configs/qwen25_coder.py --config.dtype=bfloat16 \
-      --random_weights=160   # the same shapes, random weights: on a device without the files
+      --random_weights=160 --step_costs=4   # random weights of the same shapes (a device
+                                            # without the files), and s(0..4)
 
 In one process, each timed once in every round (median of --repeats, compile excluded by a
 first call each; `bench.timing.interleaved_seconds`), on the config's first prompt at batch 1:
@@ -43,6 +44,9 @@ _GAMMA = flags.DEFINE_integer("gamma", 3, "drafts per chain step")
 _STEPS = flags.DEFINE_integer("steps", 8, "loop steps per timed call")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "timed rounds (median)")
 _OUT = flags.DEFINE_string("out", "", "write the figures as JSON here")
+_STEP_COSTS = flags.DEFINE_integer(
+    "step_costs", -1, "if >= 1: also time the cost table's s(0..G) for this G "
+    "(`machine_costs.measure_steps`, gamma 'auto''s own harness) at the same context")
 _RANDOM = flags.DEFINE_integer(
     "random_weights", 0, "if > 0: the config's models with random weights (its shapes and "
     "dtype, nothing loaded) on a random prompt of this many tokens, for a device the "
@@ -51,8 +55,8 @@ _RANDOM = flags.DEFINE_integer(
 
 def _checked_flags():
   for name, flag, low in (("gamma", _GAMMA, 1), ("steps", _STEPS, 1), ("repeats", _REPEATS, 1),
-                          ("random_weights", _RANDOM, 0)):
-    if flag.value < low:
+                          ("random_weights", _RANDOM, 0), ("step_costs", _STEP_COSTS, 1)):
+    if flag.value < low and not (name == "step_costs" and flag.value == -1):
       raise ValueError(f"--{name} must be an int >= {low}, got {flag.value}")
 
 
@@ -160,8 +164,18 @@ def main(argv):
         f"times; the step is {unit['chain step'] / unit['target call, 1 token']:.2f} of them "
         f"({unit['chain step'] / unit['target call, 1 token'] / model_cost - 1:+.0%}); "
         f"tokens per step in the timed steps {tokens.mean():.2f}")
+  table = None
+  if _STEP_COSTS.value >= 1:
+    from specdec_jax.gamma.machine_costs import measure_steps
+    table = measure_steps(pair.target, pair.draft, gamma_max=_STEP_COSTS.value, batch=1,
+                          sampling=pair.sampling, verifier=pair.verifier, context=context)
+    print("step costs s(0..G) in plain steps: "
+          + "  ".join(f"s({g}) = {x:.3f}" for g, x in enumerate(table.step_costs))
+          + ("" if table.lookup_step_costs is None else "; lookup: " + "  ".join(
+              f"{x:.3f}" for x in table.lookup_step_costs)))
   if _OUT.value:
     atomic_write_json(_OUT.value, dict(
+        step_costs=None if table is None else table.to_dict(),
         stamp=machine_stamp(), gamma=gamma, steps=steps, repeats=_REPEATS.value,
         random_weights=bool(_RANDOM.value), dtype=str(pair.target_config.dtype),
         context=context, temperature=pair.sampling.temperature,

@@ -547,15 +547,22 @@ def observe(belief, rule=adaptive.DEFAULT_RULE, *, chosen, accepted, beta, sourc
 
 def test_belief_takes_observed_positions_in_order_and_fades():
   """Row 0 proposed 3 and accepted 1: positions 1 and 2 are observed (S = 0.9·1 + 0,
-  n = 0.9 + 1), position 3 not; row 1 proposed nothing: both columns fade by FORGET."""
+  n = 0.9 + 1, the prior's weight 0.9²), position 3 not; row 1 proposed nothing: every
+  column fades by FORGET, which leaves its mean where it was and widens its bound."""
   rule = adaptive.BeliefRule(keep=0.9, forget=0.5)
   start = adaptive.Belief(beta_sum=jnp.asarray([[0.0, 0.0], [1.0, 2.0]]),
-                          count=jnp.asarray([[0.0, 0.0], [2.0, 4.0]]))
+                          count=jnp.asarray([[0.0, 0.0], [2.0, 4.0]]),
+                          prior=jnp.asarray([[1.0, 1.0], [0.5, 0.5]]))
   got = observe(start, rule, chosen=[3, 0], accepted=[1, 0],
                 beta=[[1.0, 0.0, 1.0], [0.9, 0.9, 0.9]])
   np.testing.assert_allclose(got.beta_sum, [[0.9, 0.0], [0.5, 1.0]], rtol=1e-6)
   np.testing.assert_allclose(got.count, [[1.9, 0.0], [1.0, 2.0]], rtol=1e-6)
-  np.testing.assert_allclose(rule.mean(got)[0, 0], (0.9 + 2 * 0.5) / (1.9 + 2), rtol=1e-6)
+  np.testing.assert_allclose(got.prior, [[0.81, 0.5], [0.25, 0.25]], rtol=1e-6)
+  n0, a0 = rule.prior_weight, rule.prior[0]
+  np.testing.assert_allclose(rule.mean(got)[0, 0], (0.9 + 0.81 * n0 * a0) / (1.9 + 0.81 * n0),
+                             rtol=1e-6)
+  np.testing.assert_allclose(rule.mean(got)[1], rule.mean(start)[1], rtol=1e-6)
+  assert (rule.bound(got)[1] > rule.bound(start)[1]).all()
 
 
 def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
@@ -599,7 +606,8 @@ def test_gamma_per_source():
   np.testing.assert_allclose(got.count[1], [1.9, 0.0], rtol=1e-6)
   np.testing.assert_allclose(got.beta_sum[1], [1.0, 0.0], rtol=1e-6)
   costs = np.asarray([[1.0, 9.0, 9.0], [1.0, 1.2, 1.3]], np.float32)
-  sure = adaptive.Belief(beta_sum=jnp.full((2, 2), 90.0), count=jnp.full((2, 2), 100.0))
+  sure = adaptive.Belief(beta_sum=jnp.full((2, 2), 90.0), count=jnp.full((2, 2), 100.0),
+                         prior=jnp.zeros((2, 2)))
   chosen = adaptive.DEFAULT_RULE.choose(sure, costs, jnp.asarray([adaptive.DRAFT,
                                                                   adaptive.LOOKUP]))
   np.testing.assert_array_equal(chosen, [0, 2])

@@ -19,12 +19,13 @@ Each row b keeps a belief about its acceptance per proposal source src (DRAFT = 
 draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right far more often
 where it matches): discounted sums of the exact β_i = Σ min(p_i, q_i) at the drafted
 positions it observed from that source, and of their count (`Belief`),
-  S ← KEEP·S + β_i,  n ← KEEP·n + 1   per observed position, in order,
-  S ← FORGET·S,      n ← FORGET·n     per step in which the column observes nothing,
-with the mean α̂ = (S + n₀·α₀) / (n + n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT) and the
-optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (n + n₀))). KEEP weighs about
-the last 10 positions; FORGET lets evidence that was not renewed fade, so the bound of a
-row that stopped drafting widens with time.
+  S ← KEEP·S + β_i,  n ← KEEP·n + 1,  f ← KEEP·f    per observed position, in order,
+  S ← FORGET·S,      n ← FORGET·n,      f ← FORGET·f  per step the column observes nothing,
+with the mean α̂ = (S + f·n₀·α₀) / (n + f·n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT
+pseudo-positions, f = 1 at the start: the prior fades like any evidence) and the
+optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (n + f·n₀))). KEEP weighs about
+the last 10 positions. FORGET leaves the mean of a row that stopped drafting where it
+was and shrinks the evidence it stands on, so its bound widens with time.
 A step's source is LOOKUP where a hybrid's lookup matches the row's known tokens, else
 DRAFT (always DRAFT for the other kinds). Each source has its own step costs: in a step
 where every proposing row takes the lookup, the hybrid's feature draft runs its re-read
@@ -72,8 +73,12 @@ DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt loo
 ALPHA_PRIOR = (0.5, 0.8)
 PRIOR_WEIGHT = 2.0
 KEEP = 0.9
-FORGET = 0.97
+FORGET = 0.99
 OPTIMISM = 1.0
+# The γ of a probe (a step the bound drafts and the mean would not): its first position
+# is what it learns most from, and a rejected probe costs s(γ) - 1 plain steps. 0: the γ
+# the bound itself would take.
+PROBE_GAMMA = 0
 # Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
 PAYS_AT_ALPHA = 0.9
 
@@ -223,39 +228,50 @@ def choose_gamma(alpha: Array, costs: Array) -> Array:
 
 @flax.struct.dataclass
 class Belief:
-  """Each row's evidence about its acceptance per source (module docstring): beta_sum
-  float32 [B,2] (S, discounted Σ β) and count float32 [B,2] (n, discounted positions)."""
+  """Each row's evidence about its acceptance per source (module docstring), float32
+  [B,2] each: beta_sum (S, discounted Σ β), count (n, discounted positions) and prior (f,
+  what is left of the prior's weight, 1 at the start)."""
 
   beta_sum: Array
   count: Array
+  prior: Array
 
 
 def initial_belief(batch: int) -> Belief:
-  """Every row's belief before it observes anything: the prior alone (n = 0)."""
+  """Every row's belief before it observes anything: the prior alone (n = 0, f = 1)."""
   zeros = jnp.zeros((batch, len(ALPHA_PRIOR)), jnp.float32)
-  return Belief(beta_sum=zeros, count=zeros)
+  return Belief(beta_sum=zeros, count=zeros, prior=jnp.ones_like(zeros))
 
 
 @dataclasses.dataclass(frozen=True)
 class BeliefRule:
   """The constants of the belief and its choice (module docstring); the decode loop runs
-  `DEFAULT_RULE`, the replay (`gamma_replay`) compares others offline."""
+  `DEFAULT_RULE` unless a spec names another (`AutoGamma.rule`), and the replay
+  (`gamma_replay`) compares others offline."""
 
   prior: tuple[float, float] = ALPHA_PRIOR
   prior_weight: float = PRIOR_WEIGHT
   keep: float = KEEP
   forget: float = FORGET
   optimism: float = OPTIMISM
+  probe: int = PROBE_GAMMA
+
+  def weight(self, belief: Belief) -> Array:
+    """float32 [B,2]: n + f n₀, the evidence the mean stands on."""
+    return belief.count + belief.prior * self.prior_weight
 
   def mean(self, belief: Belief) -> Array:
-    """float32 [B,2]: α̂ = (S + n₀ α₀) / (n + n₀)."""
+    """float32 [B,2]: α̂ = (S + f n₀ α₀) / (n + f n₀) (α₀ once nothing is left of either)."""
     prior = jnp.asarray(self.prior, jnp.float32)
-    return (belief.beta_sum + self.prior_weight * prior) / (belief.count + self.prior_weight)
+    weight = self.weight(belief)
+    total = belief.beta_sum + belief.prior * self.prior_weight * prior
+    return jnp.where(weight > 1e-12, total / jnp.maximum(weight, 1e-12), prior)
 
   def bound(self, belief: Belief) -> Array:
-    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (n + n₀)))."""
+    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (n + f n₀)))."""
     mean = self.mean(belief)
-    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0) / (belief.count + self.prior_weight))
+    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0) / jnp.maximum(self.weight(belief),
+                                                                         1e-12))
     return jnp.minimum(mean + self.optimism * spread, 1.0)
 
   def choose(self, belief: Belief, costs: Array, source: Array) -> Array:
@@ -268,7 +284,10 @@ class BeliefRule:
       return jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
     row_costs = jnp.asarray(costs)[source]
     exploit = choose_gamma(own(self.mean(belief)), row_costs)
-    return jnp.where(exploit > 0, exploit, choose_gamma(own(self.bound(belief)), row_costs))
+    explore = choose_gamma(own(self.bound(belief)), row_costs)
+    if self.probe:
+      explore = jnp.minimum(explore, self.probe)
+    return jnp.where(exploit > 0, exploit, explore)
 
   def observe(self, belief: Belief, *, chosen: Array, proposes: Array, num_accepted: Array,
               beta: Array, source: Array) -> Belief:
@@ -283,15 +302,16 @@ class BeliefRule:
     """
     j = jnp.arange(beta.shape[1])[None, :]
     observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])
-    total, count = belief.beta_sum, belief.count
+    total, count, prior = belief.beta_sum, belief.count, belief.prior
     column = jnp.arange(total.shape[1])[None, :] == source[:, None]  # [B,2]
     for i in range(beta.shape[1]):  # G is small and static
       hit = column & observed[:, i:i + 1]
       total = jnp.where(hit, self.keep * total + beta[:, i:i + 1], total)
       count = jnp.where(hit, self.keep * count + 1.0, count)
+      prior = jnp.where(hit, self.keep * prior, prior)
     quiet = ~(column & observed.any(axis=1, keepdims=True))
-    return Belief(beta_sum=jnp.where(quiet, self.forget * total, total),
-                  count=jnp.where(quiet, self.forget * count, count))
+    fade = jnp.where(quiet, self.forget, 1.0)
+    return Belief(beta_sum=fade * total, count=fade * count, prior=fade * prior)
 
 
 DEFAULT_RULE = BeliefRule()
