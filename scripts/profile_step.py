@@ -45,7 +45,7 @@ _STEPS = flags.DEFINE_integer("steps", 8, "loop steps per timed call")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "timed rounds (median)")
 _OUT = flags.DEFINE_string("out", "", "write the figures as JSON here")
 _STEP_COSTS = flags.DEFINE_integer(
-    "step_costs", -1, "if >= 1: also time the cost table's s(0..G) for this G "
+    "step_costs", 0, "if >= 1: also time the cost table's s(0..G) for this G "
     "(`machine_costs.measure_steps`, gamma 'auto''s own harness) at the same context")
 _RANDOM = flags.DEFINE_integer(
     "random_weights", 0, "if > 0: the config's models with random weights (its shapes and "
@@ -55,8 +55,8 @@ _RANDOM = flags.DEFINE_integer(
 
 def _checked_flags():
   for name, flag, low in (("gamma", _GAMMA, 1), ("steps", _STEPS, 1), ("repeats", _REPEATS, 1),
-                          ("random_weights", _RANDOM, 0), ("step_costs", _STEP_COSTS, 1)):
-    if flag.value < low and not (name == "step_costs" and flag.value == -1):
+                          ("random_weights", _RANDOM, 0), ("step_costs", _STEP_COSTS, 0)):
+    if flag.value < low:
       raise ValueError(f"--{name} must be an int >= {low}, got {flag.value}")
 
 

@@ -244,6 +244,20 @@ def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
   assert len(np.unique(first.gammas[first.gammas >= 0])) > 1
 
 
+def jitted_step_and_init(pair, prepared, max_new_tokens):
+  """(the jitted speculative step, the prefill) under a prepared call's spec and draft,
+  width and skip_draft static, as the loop runs them."""
+  target = pair[0]
+  spec, drafter = prepared.spec, prepared.draft
+  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
+                                   draft=drafter, spec=spec),
+                 static_argnames=("width", "skip_draft"))
+  init = functools.partial(loop.init_state_jit, target_config=target, draft=drafter,
+                           gamma=GAMMA_MAX, max_new_tokens=max_new_tokens,
+                           lag=spec.lag(drafter), adaptive_gamma=True)
+  return step, init
+
+
 def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
   """Plain steps that skip the feature draft, then a drafting step, draw the drafts of a
   state freshly prefilled with the same tokens: its re-read covers the skipped positions
@@ -255,12 +269,7 @@ def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
   spec, feature = prepared.spec, prepared.draft
   assert spec.lag(feature) == FEATURE_LAG
   costs = jnp.asarray(prepared.costs)
-  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
-                                   draft=feature, spec=spec),
-                 static_argnames=("width", "skip_draft"))
-  init = functools.partial(loop.init_state_jit, target_config=target, draft=feature,
-                           gamma=GAMMA_MAX, max_new_tokens=8, lag=FEATURE_LAG,
-                           adaptive_gamma=True)
+  step, init = jitted_step_and_init(greedy_pairs["feature"], prepared, 8)
   state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
   assert bool(decode_step.may_skip_draft(state, feature, jnp.zeros(1, jnp.int32)))
   for _ in range(3):
@@ -323,12 +332,7 @@ def test_skipped_independent_draft_catches_up_exactly(greedy_pairs):
   spec, model_draft = prepared.spec, prepared.draft
   assert spec.lag(model_draft) == CATCH_UP_WIDTH
   costs = jnp.asarray(prepared.costs)
-  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
-                                   draft=model_draft, spec=spec),
-                 static_argnames=("width", "skip_draft"))
-  init = functools.partial(loop.init_state_jit, target_config=target, draft=model_draft,
-                           gamma=GAMMA_MAX, max_new_tokens=skipped + 2, lag=CATCH_UP_WIDTH,
-                           adaptive_gamma=True)
+  step, init = jitted_step_and_init(greedy_pairs["model"], prepared, skipped + 2)
   catch_up = jax.jit(lambda s: s.replace(draft_state=model_draft.catch_up(dp, tp, s)))
   state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
   for _ in range(skipped):

@@ -18,9 +18,9 @@ Rows advance by their own n, never by the batch minimum; finished rows idle.
 
 Call widths. The step runs one of the static widths k of `step_widths`, the narrowest with
 k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (at k = 1 a draft that is not
-skipped still runs once, so its state follows the tokens), and xs, qs, ps are padded to G (zero q rows) so the verifier, called with
-num_proposed = γ_b, draws the same uniforms and emits the same tokens for a row whatever
-width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with the row's
+skipped still runs once, so its state follows the tokens), and xs, qs, ps are padded to
+G (zero q rows) so the verifier, called with num_proposed = γ_b, draws the same uniforms
+and emits the same tokens for a row whatever width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with the row's
 resampling key (the argmax at T = 0), on one position. A fixed γ whose draft always
 proposes is the single width G+1.
 

@@ -75,10 +75,6 @@ PRIOR_WEIGHT = 2.0
 KEEP = 0.9
 FORGET = 0.99
 OPTIMISM = 1.0
-# The γ of a probe (a step the bound drafts and the mean would not): its first position
-# is what it learns most from, and a rejected probe costs s(γ) - 1 plain steps. 0: the γ
-# the bound itself would take.
-PROBE_GAMMA = 0
 # Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
 PAYS_AT_ALPHA = 0.9
 
@@ -254,7 +250,6 @@ class BeliefRule:
   keep: float = KEEP
   forget: float = FORGET
   optimism: float = OPTIMISM
-  probe: int = PROBE_GAMMA
 
   def weight(self, belief: Belief) -> Array:
     """float32 [B,2]: n + f n₀, the evidence the mean stands on."""
@@ -284,10 +279,7 @@ class BeliefRule:
       return jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
     row_costs = jnp.asarray(costs)[source]
     exploit = choose_gamma(own(self.mean(belief)), row_costs)
-    explore = choose_gamma(own(self.bound(belief)), row_costs)
-    if self.probe:
-      explore = jnp.minimum(explore, self.probe)
-    return jnp.where(exploit > 0, exploit, explore)
+    return jnp.where(exploit > 0, exploit, choose_gamma(own(self.bound(belief)), row_costs))
 
   def observe(self, belief: Belief, *, chosen: Array, proposes: Array, num_accepted: Array,
               beta: Array, source: Array) -> Belief:
