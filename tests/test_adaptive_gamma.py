@@ -245,16 +245,21 @@ def test_auto_gamma_row_independent_of_batch(greedy_pairs, kind, table, alone):
 
 
 def jitted_step_and_init(pair, prepared, max_new_tokens):
-  """(the jitted speculative step, the prefill) under a prepared call's spec and draft,
-  width and skip_draft static, as the loop runs them."""
+  """(the jitted speculative step, the prefill) under a prepared call's spec and draft:
+  step(tp, dp, state, costs, width) plans (`step_plan`) and takes one step of that static
+  width (or SKIP), as the loop runs them."""
   target = pair[0]
   spec, drafter = prepared.spec, prepared.draft
-  step = jax.jit(functools.partial(decode_step.speculative_step_fn, target_config=target,
-                                   draft=drafter, spec=spec),
-                 static_argnames=("width", "skip_draft"))
+
+  def planned(tp, dp, state, costs, width):
+    plan = decode_step.step_plan(state, drafter, spec, costs)
+    return decode_step.speculative_step_fn(tp, dp, state, plan, target_config=target,
+                                           draft=drafter, spec=spec, width=width)
+
+  step = jax.jit(planned, static_argnames=("width",))
   init = functools.partial(loop.init_state_jit, target_config=target, draft=drafter,
                            gamma=GAMMA_MAX, max_new_tokens=max_new_tokens,
-                           lag=spec.lag(drafter), adaptive_gamma=True)
+                           lag=spec.lag(drafter), proposer=spec.proposer)
   return step, init
 
 
@@ -273,13 +278,13 @@ def test_skipped_feature_draft_catches_up_exactly(greedy_pairs):
   state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
   assert bool(decode_step.may_skip_draft(state, feature, jnp.zeros(1, jnp.int32)))
   for _ in range(3):
-    state = step(tp, dp, state, costs, width=1, skip_draft=True)
+    state = step(tp, dp, state, costs, width=decode_step.SKIP)
   n = int(state.num_tokens[0])
   # ℓ_d stayed at the prompt
   assert n == 5 + 3 and int(state.draft_state.cache["length"][0]) == 4
   lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
   fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
-  fresh = step(tp, dp, fresh.replace(step=state.step, belief=state.belief), costs,
+  fresh = step(tp, dp, fresh.replace(step=state.step, rule_state=state.rule_state), costs,
                width=GAMMA_MAX + 1)
   np.testing.assert_allclose(lagged.accept_prob[0, 3], fresh.accept_prob[0, 3], atol=1e-5)
   assert lagged.accept_prob[0, 3, 0] > 0
@@ -336,7 +341,7 @@ def test_skipped_independent_draft_catches_up_exactly(greedy_pairs):
   catch_up = jax.jit(lambda s: s.replace(draft_state=model_draft.catch_up(dp, tp, s)))
   state = init(tp, dp, prepared.tokens, prepared.prompt_len, prepared.row_keys)
   for _ in range(skipped):
-    state = step(tp, dp, state, costs, width=1, skip_draft=True)
+    state = step(tp, dp, state, costs, width=decode_step.SKIP)
   n = int(state.num_tokens[0])
   assert int(state.draft_state["length"][0]) == 4  # ℓ_d stayed at the prompt
   none = jnp.zeros(1, jnp.int32)
@@ -348,7 +353,7 @@ def test_skipped_independent_draft_catches_up_exactly(greedy_pairs):
   assert calls == 2 and int(state.draft_state["length"][0]) == n - 1
   lagged = step(tp, dp, state, costs, width=GAMMA_MAX + 1)
   fresh = init(tp, dp, np.asarray(state.tokens[:, :n]), state.num_tokens, prepared.row_keys)
-  fresh = step(tp, dp, fresh.replace(step=state.step, belief=state.belief), costs,
+  fresh = step(tp, dp, fresh.replace(step=state.step, rule_state=state.rule_state), costs,
                width=GAMMA_MAX + 1)
   at = skipped
   np.testing.assert_allclose(lagged.accept_prob[0, at], fresh.accept_prob[0, at], atol=1e-5)
@@ -398,7 +403,7 @@ def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
   np.testing.assert_array_equal(out.gammas[:, 0], [0, 3])
   assert out.accepted[0, 0] == 0 and out.reached()[0].sum() == 0
   # Alone (batch 1), row 0's step is the width-1 branch: a plain target step.
-  assert int(adaptive.width_index(adaptive.call_widths(3, False, True), out.gammas[:1, 0])) == 0
+  assert int(adaptive.width_index(FixedGamma(3).call_widths(True), out.gammas[:1, 0])) == 0
 
 
 # ------------------------------------------------------------ the choice rule
@@ -628,9 +633,9 @@ def test_gamma_per_source():
 
 def test_gamma_histogram_and_widths():
   assert adaptive.gamma_histogram(np.asarray([[0, 2, -1], [2, 2, 4]])) == {0: 1, 2: 3, 4: 1}
-  assert adaptive.call_widths(3, True, False) == (1, 2, 3, 4)
-  assert adaptive.call_widths(3, False, True) == (1, 4)
-  assert adaptive.call_widths(3, False, False) == (4,)
+  assert AutoGamma(SWITCHING, 3).call_widths(False) == (1, 2, 3, 4)
+  assert FixedGamma(3).call_widths(True) == (1, 4)
+  assert FixedGamma(3).call_widths(False) == (4,)
   assert int(adaptive.width_index((1, 2, 3, 4), np.asarray([0, 2, 1]))) == 2
 
 

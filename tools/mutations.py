@@ -79,6 +79,11 @@ MUTATIONS = (
              "    return with_length(cache, jnp.minimum(base + CATCH_UP_WIDTH, state.num_tokens - 1))\n",
              "    return with_length(cache, state.num_tokens - 1)\n",
              ("tests/test_adaptive_gamma.py",)),
+    Mutation("rule_observe", "the step tells the γ rule that no row proposed, whatever it "
+             "drafted", "specdec_jax/decoding/step.py",
+             "      state.rule_state, chosen=chosen, proposes=plan.proposes, num_accepted=",
+             "      state.rule_state, chosen=chosen, proposes=plan.proposes & False, num_accepted=",
+             ("tests/test_custom_gamma_rule.py",)),
     Mutation("key_schedule", "every step of a row draws with the same key (no fold_in of the "
              "step)", "specdec_jax/decoding/state.py",
              "  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(state.row_keys, state.step)",

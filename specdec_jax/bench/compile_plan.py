@@ -269,7 +269,7 @@ def decode_programs(label: str, target: ModelConfig, draft, has_params: bool, sp
   ins, costs = _inputs(shapes, spec, one)
   statics = dict(target_config=target, draft=draft, gamma=spec.gamma,
                  max_new_tokens=spec.max_new_tokens, lag=spec.lag(draft),
-                 adaptive_gamma=spec.adaptive)
+                 proposer=spec.static().proposer)
   prefill = compile_program(f"{label}: prefill", loop.init_state_jit, tp, dp, *ins, **statics)
   state = placed(jax.eval_shape(functools.partial(init_state, **statics), tp, dp, *ins), one)
   def kv(tree):  # the k and v of a cache, [L,B,S,K,H]

@@ -7,16 +7,16 @@ check every argument on the host (`spec.prepare`), prefill (`state.init_state`, 
 compiled program) and run `run_steps` (another), then return a `GenerationResult`.
 
 `run_steps` is one `lax.while_loop` of steps until every row is done or M steps ran. A
-chain step whose draft plans several call widths (gamma 'auto', a lookup that may propose
-nothing) runs one inner `while_loop` per width inside the loop of steps, each taking the
-steps whose width is its own: one compiled loop, no step under a conditional (whose
-branches XLA:CPU would hand copies of both caches). The plan of the next step
-(`step.step_plan`) is computed once, after each step, and carried: it decides the next
-width and is the step's plan. Under gamma 'auto' a draft with a skip lag adds two kinds:
-the plain step that skips the draft (`step.may_skip_draft`) and the draft's catch-up call
-(`Draft.catch_up`, taken while `step.catch_up_needed`; it takes no step). The single
-jitted `step.speculative_step` picks the width with a `lax.switch` instead and never skips
-the draft; both give the same tokens at T = 0 and the same law at any temperature.
+chain step with several kinds (`step.step_kinds`: the proposer's call widths, e.g. every
+width under gamma 'auto' or a lookup that may propose nothing, and under gamma 'auto' a
+draft with a skip lag adds SKIP, the plain step that skips the draft, and CATCH_UP, the
+draft's catch-up call that takes no step) runs one inner `while_loop` per kind inside the
+loop of steps, each taking the steps of its kind: one compiled loop, no step under a
+conditional (whose branches XLA:CPU would hand copies of both caches). The plan of the
+next step (`step.step_plan`) is computed once, after each step, and carried: it decides
+the next kind (`step.kind_index`) and is the step's plan. The single jitted
+`step.speculative_step` picks the width with a `lax.switch` instead and never skips the
+draft; both give the same tokens at T = 0 and the same law at any temperature.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import jax.numpy as jnp
 from specdec_jax.decoding.results import GenerationResult, finish
 from specdec_jax.decoding.spec import DecodeSpec, Prepared, prepare
 from specdec_jax.decoding.state import DecodeState, init_state
-from specdec_jax.decoding.step import (autoregressive_step_fn, catch_up_needed,
-                                       may_skip_draft, speculative_step_fn, step_plan,
-                                       step_widths)
+from specdec_jax.decoding.step import (CATCH_UP, autoregressive_step_fn, kind_index,
+                                       speculative_step_fn, step_kinds, step_plan)
 from specdec_jax.decoding.tree_step import tree_step_fn
 from specdec_jax.drafts.base import Draft
-from specdec_jax.gamma import adaptive
 from specdec_jax.models.model import Model, ModelConfig
 
 Array = jax.Array
@@ -70,33 +68,29 @@ def run_steps(target_params, draft_params, state: DecodeState, costs: Array | No
     body = functools.partial(tree_step_fn, target_params, draft_params,
                              target_config=target_config, draft=draft, spec=spec)
     return jax.lax.while_loop(cond, body, state)
-  step = functools.partial(speculative_step_fn, target_params, draft_params, costs=costs,
+  step = functools.partial(speculative_step_fn, target_params, draft_params,
                            target_config=target_config, draft=draft, spec=spec)
-  widths = step_widths(draft, spec)
-  if len(widths) == 1:
-    return jax.lax.while_loop(cond, step, state)
-
-  # Several call widths: one inner while_loop per kind of step, each taking the steps of
-  # its kind, in turn. With a draft that may be skipped (a skip lag), kind 0 is the plain
-  # step that skips the draft and kind 1 the draft's catch-up call (no step taken).
-  skips = spec.lag(draft) > 0
-  kinds = [functools.partial(step, width=k) for k in widths]
-  if skips:
-    def catch_up(s, plan):
-      del plan  # the catch-up changes no row's plan
-      return s.replace(draft_state=draft.catch_up(draft_params, target_params, s))
-    kinds = [functools.partial(step, width=1, skip_draft=True), catch_up] + kinds
 
   def planned(s):
     plan = step_plan(s, draft, spec, costs)
-    index = adaptive.width_index(widths, plan.chosen)
-    if skips:
-      index = jnp.where(catch_up_needed(s, draft, plan.chosen), 1,
-                        jnp.where(may_skip_draft(s, draft, plan.chosen), 0, index + 2))
-    return s, plan, index
+    return s, plan, kind_index(s, plan, draft, spec)
+
+  kinds = step_kinds(draft, spec)
+  if len(kinds) == 1:  # one width: plan and step
+    return jax.lax.while_loop(
+        cond, lambda s: step(s, step_plan(s, draft, spec, costs), width=kinds[0]), state)
+
+  # Several kinds (`step.step_kinds`: call widths, and SKIP and CATCH_UP for a draft that
+  # may be skipped): one inner while_loop per kind, each taking the steps of its kind, in
+  # turn. The carried plan of the next step decides its kind (`step.kind_index`).
+  def catch_up(s, plan):
+    del plan  # the catch-up changes no row's plan
+    return s.replace(draft_state=draft.catch_up(draft_params, target_params, s))
+
+  runs = [catch_up if k == CATCH_UP else functools.partial(step, width=k) for k in kinds]
 
   def advance(carry, index):
-    return planned(kinds[index](carry[0], plan=carry[1]))
+    return planned(runs[index](carry[0], plan=carry[1]))
 
   def steps_at(carry, index):
     return jax.lax.while_loop(
@@ -104,7 +98,7 @@ def run_steps(target_params, draft_params, state: DecodeState, costs: Array | No
         functools.partial(advance, index=index), carry)
 
   final, _, _ = jax.lax.while_loop(
-      lambda c: cond(c[0]), lambda c: functools.reduce(steps_at, range(len(kinds)), c),
+      lambda c: cond(c[0]), lambda c: functools.reduce(steps_at, range(len(runs)), c),
       planned(state))
   return final
 
@@ -118,7 +112,7 @@ def decode_loop(target_params, draft_params, tokens, prompt_len, row_keys,
   state = init_state(target_params, draft_params, tokens, prompt_len, row_keys,
                      target_config=target_config, draft=draft, gamma=spec.gamma,
                      max_new_tokens=spec.max_new_tokens, lag=spec.lag(draft),
-                     adaptive_gamma=spec.adaptive, mesh=mesh)
+                     proposer=spec.proposer, mesh=mesh)
   return run_steps(target_params, draft_params, state, costs, target_config=target_config,
                    draft=draft, spec=spec, axis_name=axis_name)
 
@@ -128,7 +122,7 @@ decode_loop_jit = jax.jit(decode_loop, static_argnames=_STATICS + ("mesh",))
 # the state is consumed: its buffers (both caches among them) are donated to the loop
 run_steps_jit = jax.jit(run_steps, static_argnames=_STATICS, donate_argnums=(2,))
 init_state_jit = jax.jit(init_state, static_argnames=(
-    "target_config", "draft", "gamma", "max_new_tokens", "lag", "adaptive_gamma", "mesh"))
+    "target_config", "draft", "gamma", "max_new_tokens", "lag", "proposer", "mesh"))
 
 
 def prefill(target: Model, draft_params, prepared: Prepared) -> DecodeState:
@@ -138,7 +132,7 @@ def prefill(target: Model, draft_params, prepared: Prepared) -> DecodeState:
   return init_state_jit(target.params, draft_params, prepared.tokens, prepared.prompt_len,
                         prepared.row_keys, target_config=target.config, draft=draft,
                         gamma=spec.gamma, max_new_tokens=spec.max_new_tokens,
-                        lag=spec.lag(draft), adaptive_gamma=spec.adaptive)
+                        lag=spec.lag(draft), proposer=spec.proposer)
 
 
 def run_prepared(target: Model, draft_params, state: DecodeState, prepared: Prepared,

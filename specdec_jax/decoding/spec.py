@@ -6,8 +6,8 @@ tree's N nodes), L a draft's skip lag.
 A `DecodeSpec` is one frozen, hashable value: sampling, verifier, max_new_tokens, eos,
 vocabulary and the proposer, which is one of
   FixedGamma(γ)                    every row proposes γ drafts every step;
-  AutoGamma(costs, gamma_max)      each row and step picks γ_b in 0..γ_max from its
-                                   acceptance estimate and the cost table (`gamma.adaptive`);
+  AutoGamma(costs, gamma_max, rule) each row and step picks γ_b in 0..γ_max by a γ rule
+                                   (`gamma.adaptive.GammaRule`) from the cost table;
   TreeProposal(shape, rule)        a token tree every step (`decoding.tree_step`);
   None                             autoregressive decoding.
 Each name means one thing at every layer: `gamma` is always an int, the cost table is
@@ -22,7 +22,7 @@ P + max_new_tokens + G (+ L) tokens.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, ClassVar, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,8 @@ import numpy as np
 
 from specdec_jax.drafts.base import Draft
 from specdec_jax.drafts.registry import as_draft
-from specdec_jax.gamma.adaptive import DEFAULT_GAMMA_MAX, DEFAULT_RULE, BeliefRule, CostTable
+from specdec_jax.gamma.adaptive import (DEFAULT_GAMMA_MAX, DEFAULT_RULE, CostTable, GammaRule,
+                                        check_rule)
 from specdec_jax.models.model import ModelConfig, check_params
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.verification.tree_shapes import TreeShape
@@ -53,49 +54,108 @@ def _check_positive_int(name: str, value) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FixedGamma:
-  """Every row proposes `gamma` drafts every step."""
+  """Every row proposes `gamma` drafts every step. Like every proposer it answers the
+  decode loop's questions (`Proposer`): G, its call widths, its per-row state (none), each
+  row's γ_b and its observation (nothing)."""
 
   gamma: int
+  takes_costs: ClassVar[bool] = False
 
   def __post_init__(self):
     _check_positive_int("gamma", self.gamma)
 
+  @property
+  def positions(self) -> int:
+    return self.gamma
+
+  def call_widths(self, may_propose_nothing: bool) -> tuple[int, ...]:
+    """G+1, and 1 as well when a draft may propose nothing (a lookup without a match)."""
+    return (1, self.gamma + 1) if may_propose_nothing else (self.gamma + 1,)
+
+  def init(self, batch: int) -> None:
+    return None
+
+  def choose(self, rule_state, costs, source: Array) -> Array:
+    return jnp.full(source.shape, self.gamma, jnp.int32)
+
+  def observe(self, rule_state, **step):
+    return rule_state
+
 
 @dataclasses.dataclass(frozen=True)
 class AutoGamma:
-  """γ per row and step from the cost table (`gamma.adaptive`); costs None only in the
-  spec a compiled loop holds (`DecodeSpec.static`), where the table is a traced input.
-  rule: the belief's constants (`adaptive.BeliefRule`, a static of the loop)."""
+  """γ per row and step in 0..gamma_max by a `GammaRule` (`gamma.adaptive`; `BeliefRule`
+  by default) from the cost table; costs None only in the spec a compiled loop holds
+  (`DecodeSpec.static`), where the table is a traced input. rule: a static of the loop."""
 
   costs: CostTable | None
   gamma_max: int = DEFAULT_GAMMA_MAX
-  rule: BeliefRule = DEFAULT_RULE
+  rule: GammaRule = DEFAULT_RULE
+  takes_costs: ClassVar[bool] = True
 
   def __post_init__(self):
     _check_positive_int("gamma_max", self.gamma_max)
-    if not isinstance(self.rule, BeliefRule):
-      raise ValueError(f"gamma='auto' rule must be a gamma.adaptive.BeliefRule, got "
-                       f"{type(self.rule).__name__}")
+    check_rule(self.rule, self.gamma_max)
     if self.costs is not None and not isinstance(self.costs, CostTable):
       raise ValueError(f"gamma='auto' needs a cost table (gamma.adaptive.CostTable; the "
                        f"scripts measure one with specdec_jax.gamma.machine_costs), got "
                        f"{type(self.costs).__name__}")
 
+  @property
+  def positions(self) -> int:
+    return self.gamma_max
+
+  def call_widths(self, may_propose_nothing: bool) -> tuple[int, ...]:
+    """The rule's widths (`GammaRule.call_widths`)."""
+    return tuple(self.rule.call_widths(self.gamma_max))
+
+  def init(self, batch: int):
+    return self.rule.init(batch)
+
+  def choose(self, rule_state, costs: Array, source: Array) -> Array:
+    """The rule's γ_b, held to 0..G (a wider choice would name no compiled width)."""
+    chosen = self.rule.choose(rule_state, costs, source)
+    return jnp.clip(jnp.asarray(chosen, jnp.int32), 0, self.gamma_max)
+
+  def observe(self, rule_state, **step):
+    return self.rule.observe(rule_state, **step)
+
 
 @dataclasses.dataclass(frozen=True)
 class TreeProposal:
   """A token tree of `shape` every step, its children chosen by `rule` ('sampled', SpecInfer's
-  i.i.d. children, or 'topk', the draft's top-k)."""
+  i.i.d. children, or 'topk', the draft's top-k): G = N nodes, one call width N+1, no
+  per-row state (`decoding.tree_step`)."""
 
   shape: TreeShape
   rule: str = "sampled"
+  takes_costs: ClassVar[bool] = False
 
   def __post_init__(self):
     if not isinstance(self.shape, TreeShape):
       raise ValueError(f"tree must be a TreeShape (tree_shapes), got "
                        f"{type(self.shape).__name__}")
 
+  @property
+  def positions(self) -> int:
+    return self.shape.num_nodes
 
+  def call_widths(self, may_propose_nothing: bool) -> tuple[int, ...]:
+    return (self.shape.num_nodes + 1,)
+
+  def init(self, batch: int) -> None:
+    return None
+
+  def choose(self, rule_state, costs, source: Array) -> Array:
+    return jnp.full(source.shape, self.shape.num_nodes, jnp.int32)
+
+  def observe(self, rule_state, **step):
+    return rule_state
+
+
+# Each proposer answers: positions (G), call_widths(may_propose_nothing), init(batch) (its
+# per-row state in `DecodeState.rule_state`), choose(rule_state, costs, source) (γ_b, int32
+# [B]), observe(rule_state, **step) and takes_costs (the loop takes a cost table).
 Proposer = FixedGamma | AutoGamma | TreeProposal | None
 
 
@@ -131,23 +191,12 @@ class DecodeSpec:
   @property
   def gamma(self) -> int:
     """G: the drafted positions one step holds (γ, γ_max, a tree's N; 0 autoregressive)."""
-    p = self.proposer
-    if isinstance(p, FixedGamma):
-      return p.gamma
-    if isinstance(p, AutoGamma):
-      return p.gamma_max
-    if isinstance(p, TreeProposal):
-      return p.shape.num_nodes
-    return 0
+    return 0 if self.proposer is None else self.proposer.positions
 
   @property
   def adaptive(self) -> bool:
-    return isinstance(self.proposer, AutoGamma)
-
-  @property
-  def gamma_rule(self) -> BeliefRule | None:
-    """The belief's constants of gamma 'auto' (`AutoGamma.rule`), else None."""
-    return self.proposer.rule if self.adaptive else None
+    """The proposer takes a cost table (gamma 'auto')."""
+    return self.proposer is not None and self.proposer.takes_costs
 
   @property
   def tree(self) -> TreeProposal | None:
@@ -283,7 +332,7 @@ def prepare(target, draft, prompts, spec: DecodeSpec, *, seed=0, row_ids=None, p
     raise ValueError("a draft needs a proposer (FixedGamma, AutoGamma or TreeProposal) and "
                      f"a proposer needs a draft; got draft {type(drafter).__name__} and "
                      f"proposer {proposer!r}")
-  if isinstance(proposer, AutoGamma) and proposer.costs is None:
+  if spec.adaptive and proposer.costs is None:
     raise ValueError("gamma='auto' needs a cost table (gamma.adaptive.CostTable; the scripts "
                      "measure one with specdec_jax.gamma.machine_costs), got None")
   _check_positive_int("max_new_tokens", spec.max_new_tokens)

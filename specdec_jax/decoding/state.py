@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts.base import Draft, with_length
-from specdec_jax.gamma import adaptive
 from specdec_jax.models import sharding
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 
@@ -50,18 +49,18 @@ class DecodeState:
   accepted: Array  # int32 [B,M], drafts accepted per row per step; -1 where the row idled
   accept_prob: Array  # float32 [B,M,G], β = Σ min(p,q) of each drafted position
   gammas: Array  # int32 [B,M], drafts proposed per row per step (γ_b); -1 where it idled
-  belief: adaptive.Belief | None = None  # each row's acceptance evidence, gamma 'auto'
+  rule_state: Any = None  # the proposer's per-row state (gamma 'auto': the rule's, leading B)
 
 
 def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, row_keys: Array,
                *, target_config: ModelConfig, draft: Draft | None, gamma: int,
-               max_new_tokens: int, lag: int = 0, adaptive_gamma: bool = False,
-               mesh=None) -> DecodeState:
+               max_new_tokens: int, lag: int = 0, proposer=None, mesh=None) -> DecodeState:
   """Prefills the target cache and the draft's state with the prompts and builds the state.
 
   gamma: G; lag: the draft's skip lag under gamma 'auto' (`DecodeSpec.lag`): the caches
-  and token buffer get G + L slots beyond P + M. adaptive_gamma: every row's belief starts
-  at the prior (`adaptive.initial_belief`). mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches
+  and token buffer get G + L slots beyond P + M. proposer: the spec's proposer (static,
+  without its cost table), whose `init` gives the rows' rule state (gamma 'auto': the
+  rule's; None for the others). mesh: a ('data', 'model') `jax.sharding.Mesh`; the fresh caches
   are pinned to `sharding.cache_sharding` (batch over 'data', kv heads over 'model').
   """
   batch, width = tokens.shape
@@ -93,7 +92,7 @@ def init_state(target_params, draft_params, tokens: Array, prompt_len: Array, ro
       accepted=jnp.full((batch, max_new_tokens), -1, jnp.int32),
       accept_prob=jnp.zeros((batch, max_new_tokens, gamma), jnp.float32),
       gammas=jnp.full((batch, max_new_tokens), -1, jnp.int32),
-      belief=adaptive.initial_belief(batch) if adaptive_gamma else None,
+      rule_state=None if proposer is None else proposer.init(batch),
   )
 
 

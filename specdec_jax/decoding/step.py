@@ -5,32 +5,35 @@ target call's width, V vocabulary, F target feature width.
 
 One speculative step for row b (length ℓ = num_tokens[b]-1, pending token t):
   1. plan: the draft's `plan` (which rows have something to propose, their proposal
-     source) and each row's γ_b: G for a fixed γ, `adaptive.choose_gamma_by_source` of
-     the row's α̂ under gamma 'auto', 0 for rows with nothing to propose (`step_plan`);
+     source) and each row's γ_b from the proposer (`DecodeSpec.proposer.choose`: G for a
+     fixed γ, the γ rule's choice from the row's own rule state under gamma 'auto'), 0 for
+     rows with nothing to propose (`step_plan`);
   2. draft: `draft.propose` draws x_1..x_d with the q_i they were drawn from;
   3. score: one target call over [t, x_1..x_{k-1}] at positions ℓ..ℓ+k-1 gives p_1..p_k
      (and the target's features where the draft reads them: `observe_target`);
   4. verify: the verifier (`block_verify` by default, or token-wise `verify`) accepts n
      tokens and draws the correction or bonus token y;
-  5. emit x_1..x_n, y (cut at EOS or max_new_tokens); the target cache's length becomes
-     the new num_tokens-1 and the draft rolls back (`rollback`). y is the new pending token.
+  5. observe: the proposer updates each row's rule state (`observe`); emit x_1..x_n, y
+     (cut at EOS or max_new_tokens); the target cache's length becomes the new
+     num_tokens-1 and the draft rolls back (`rollback`). y is the new pending token.
 Rows advance by their own n, never by the batch minimum; finished rows idle.
 
-Call widths. The step runs one of the static widths k of `step_widths`, the narrowest with
-k >= max_b γ_b + 1: the draft draws d = max(k-1, 1) tokens (at k = 1 a draft that is not
-skipped still runs once, so its state follows the tokens), and xs, qs, ps are padded to
-G (zero q rows) so the verifier, called with num_proposed = γ_b, draws the same uniforms
-and emits the same tokens for a row whatever width its batch took. At k = 1 nothing is proposed and y ~ p_1 is drawn with the row's
-resampling key (the argmax at T = 0), on one position. A fixed γ whose draft always
-proposes is the single width G+1.
+Call widths. The step runs one of the static widths k of `step_widths` (the proposer's),
+the narrowest with k >= max_b γ_b + 1 (`kind_index`, the one place it is chosen): the
+draft draws d = max(k-1, 1) tokens (at k = 1 a draft that is not skipped still runs once,
+so its state follows the tokens), and xs, qs, ps are padded to G (zero q rows) so the
+verifier, called with num_proposed = γ_b, draws the same uniforms and emits the same
+tokens for a row whatever width its batch took. At k = 1 nothing is proposed and y ~ p_1
+is drawn with the row's resampling key (the argmax at T = 0), on one position. A fixed γ
+whose draft always proposes is the single width G+1.
 
 Plain steps skip the draft (gamma 'auto' with a draft whose `skip_lag` L > 0): a step in
 which no live row proposes (γ_b = 0) and every live row's draft state has room to fall one
-more position behind calls the target alone at width 1 (`may_skip_draft`). The draft
-catches up on the skipped tokens before it next runs, or when a row runs out of room
-(`catch_up_needed`; the loop's catch-up calls, `decoding.loop`). A γ_b = 0 step observes
-nothing for the row's belief, so what a row observes, and so every choice and token,
-depends on its own past only.
+more position behind calls the target alone at width 1 (`may_skip_draft`; the step kind
+SKIP). The draft catches up on the skipped tokens before it next runs, or when a row runs
+out of room (`catch_up_needed`; the kind CATCH_UP, `decoding.loop`). A γ_b = 0 step
+observes nothing for the row's rule state, so what a row observes, and so every choice
+and token, depends on its own past only.
 """
 
 from __future__ import annotations
@@ -66,20 +69,40 @@ class StepPlan:
 
 def step_plan(state: DecodeState, draft: Draft, spec: DecodeSpec,
               costs: Array | None) -> StepPlan:
-  """Step 1 (module docstring). costs: float32 [2,G+1] (`CostTable.loop_costs`) or None."""
-  gamma = spec.gamma
-  plan = draft.plan(state, gamma)
+  """Step 1 (module docstring): the proposer's γ_b (`Proposer.choose`) where the row has
+  something to propose, else 0. costs: float32 [2,G+1] (`CostTable.loop_costs`) for gamma
+  'auto', else None."""
+  plan = draft.plan(state, spec.gamma)
   proposes = ~state.done & plan.proposes
-  if costs is None:
-    chosen = jnp.full(state.num_tokens.shape, gamma, jnp.int32)
-  else:
-    chosen = spec.gamma_rule.choose(state.belief, costs, plan.source)
+  chosen = spec.proposer.choose(state.rule_state, costs, plan.source)
   return StepPlan(chosen=jnp.where(proposes, chosen, 0), proposes=proposes, draft=plan)
 
 
 def step_widths(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
-  """The static target-call widths of a chain step (`adaptive.call_widths`)."""
-  return adaptive.call_widths(spec.gamma, spec.adaptive, draft.may_propose_nothing)
+  """The static target-call widths of a chain step (`Proposer.call_widths`), ascending."""
+  return tuple(spec.proposer.call_widths(draft.may_propose_nothing))
+
+
+SKIP, CATCH_UP = 0, -1  # step kinds besides the widths k >= 1 (`step_kinds`)
+
+
+def step_kinds(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
+  """The static kinds of step the loop compiles: the call widths, and before them, for a
+  draft with a skip lag under gamma 'auto', SKIP (a plain step that leaves the draft
+  behind, target call width 1) and CATCH_UP (the draft's catch-up call, no step)."""
+  widths = step_widths(draft, spec)
+  return ((SKIP, CATCH_UP) + widths) if spec.lag(draft) > 0 else widths
+
+
+def kind_index(state: DecodeState, plan: StepPlan, draft: Draft, spec: DecodeSpec) -> Array:
+  """int32 []: the index in `step_kinds` of the step `plan` asks for, the one place a
+  step's kind is chosen: the narrowest width >= max_b γ_b + 1 (`adaptive.width_index`),
+  or SKIP / CATCH_UP (`may_skip_draft`, `catch_up_needed`)."""
+  index = adaptive.width_index(step_widths(draft, spec), plan.chosen)
+  if spec.lag(draft) == 0:
+    return index
+  return jnp.where(catch_up_needed(state, draft, plan.chosen), 1,
+                   jnp.where(may_skip_draft(state, draft, plan.chosen), 0, index + 2))
 
 
 def may_skip_draft(state: DecodeState, draft: Draft, chosen: Array) -> Array:
@@ -104,17 +127,14 @@ def warp_vocab(logits: Array, *, vocab: int, sampling: SamplingConfig) -> Array:
   return warp(logits[..., :vocab], sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-def speculative_step_fn(target_params, draft_params, state: DecodeState,
-                        costs: Array | None = None, plan: StepPlan | None = None, *,
+def speculative_step_fn(target_params, draft_params, state: DecodeState, plan: StepPlan, *,
                         target_config: ModelConfig, draft: Draft, spec: DecodeSpec,
-                        width: int | None = None, skip_draft: bool = False) -> DecodeState:
+                        width: int) -> DecodeState:
   """One speculative step for every row (module docstring). Not jitted.
 
-  costs: float32 [2,G+1] for gamma 'auto', else None. plan: this step's `step_plan` when
-  the caller has it (the loop plans once per step). width: the call width, when the caller
-  has chosen it; None picks it here, a `lax.switch` over `step_widths` where there are
-  several. skip_draft (width 1, `may_skip_draft` true): a plain step that leaves the draft
-  behind.
+  plan: this step's `step_plan`. width (static): a call width of `step_widths` >= max_b
+  γ_b + 1, or SKIP: a plain step (target call width 1) that leaves the draft behind
+  (`may_skip_draft` true). `kind_index` chooses it.
   """
   gamma, sampling, vocab = spec.gamma, spec.sampling, spec.vocab_size
   warp_fn = functools.partial(warp_vocab, vocab=vocab, sampling=sampling)
@@ -122,9 +142,13 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState,
   length = state.num_tokens - 1
   pending = pending_tokens(state)
   draft_keys, verify_keys = split_step_keys(state, gamma)
-  plan = step_plan(state, draft, spec, costs) if plan is None else plan
   chosen = plan.chosen
   widths = step_widths(draft, spec)
+  skip_draft = width == SKIP
+  if skip_draft:
+    width = 1
+  elif width not in widths:
+    raise ValueError(f"width={width} is not a call width of this step {widths} or SKIP")
   layers = draft.target_layers
   # At T=0 every p is one-hot: `greedy_verify` gives the verifiers' tokens without their
   # V-wide residual arithmetic.
@@ -161,8 +185,8 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState,
       return xs, qs, ps, out[1], draft_state
     return run
 
-  if len(widths) == 1:  # a fixed γ, every row proposes G: one width
-    xs, qs, ps, target_cache, draft_state = draft_and_target(widths[0])()
+  if widths == (width,) and not spec.adaptive:  # a fixed γ, every row proposes G
+    xs, qs, ps, target_cache, draft_state = draft_and_target(width)()
     block, num_accepted = verify_fn(xs, qs, ps, verify_keys)
   elif width == 1:
     # No row proposes: the verifier draws y ~ p_1 with the row's resampling key, which
@@ -176,20 +200,15 @@ def speculative_step_fn(target_params, draft_params, state: DecodeState,
       block, num_accepted = verify_fn(xs, qs, jnp.concatenate([ps, ps], axis=1), verify_keys,
                                       num_proposed=chosen)
     block = jnp.pad(block, ((0, 0), (0, gamma + 1 - block.shape[1])))
-  elif width is not None:
-    xs, qs, ps, target_cache, draft_state = draft_and_target(width)()
-    block, num_accepted = verify_fn(xs, qs, ps, verify_keys, num_proposed=chosen)
   else:
-    xs, qs, ps, target_cache, draft_state = jax.lax.switch(
-        adaptive.width_index(widths, chosen), [draft_and_target(k) for k in widths])
+    xs, qs, ps, target_cache, draft_state = draft_and_target(width)()
     block, num_accepted = verify_fn(xs, qs, ps, verify_keys, num_proposed=chosen)
   beta = acceptance_probability(qs, ps, valid_proposals(xs, qs))
   beta = jnp.pad(beta, ((0, 0), (0, gamma - beta.shape[1])))  # [B,G]
   state = record(state, num_accepted, chosen, beta)
-  if costs is not None:  # a skipped step observes nothing (no row proposes)
-    state = state.replace(belief=spec.gamma_rule.observe(
-        state.belief, chosen=chosen, proposes=plan.proposes, num_accepted=num_accepted,
-        beta=beta, source=plan.draft.source))
+  state = state.replace(rule_state=spec.proposer.observe(
+      state.rule_state, chosen=chosen, proposes=plan.proposes, num_accepted=num_accepted,
+      beta=beta, source=plan.draft.source))
   state = emit(state, block, num_accepted + 1, eos_id=spec.eos_id,
                max_new_tokens=spec.max_new_tokens)
   new_length = state.num_tokens - 1
@@ -215,8 +234,25 @@ def autoregressive_step_fn(target_params, state: DecodeState, *, target_config: 
                        step=state.step + 1)
 
 
-speculative_step = jax.jit(speculative_step_fn, static_argnames=(
-    "target_config", "draft", "spec", "width", "skip_draft"))
-speculative_step.__doc__ = ("Jitted `speculative_step_fn`: (target_params, draft_params, state, "
-                            "costs=None, plan=None, *, target_config, draft, spec, width=None, "
-                            "skip_draft=False) -> state; width and skip_draft are static.")
+def planned_step_fn(target_params, draft_params, state: DecodeState,
+                    costs: Array | None = None, *, target_config: ModelConfig, draft: Draft,
+                    spec: DecodeSpec) -> DecodeState:
+  """One whole step on its own: `step_plan`, then `speculative_step_fn` at the width
+  `adaptive.width_index` chooses (a `lax.switch` where there are several). It never skips
+  the draft; the loop's steps (`decoding.loop`) give the same tokens at T = 0 and the same
+  law at any temperature. costs: float32 [2,G+1] for gamma 'auto', else None."""
+  plan = step_plan(state, draft, spec, costs)
+  widths = step_widths(draft, spec)
+  step = functools.partial(speculative_step_fn, target_config=target_config, draft=draft,
+                           spec=spec)
+  if len(widths) == 1:
+    return step(target_params, draft_params, state, plan, width=widths[0])
+  return jax.lax.switch(adaptive.width_index(widths, plan.chosen),
+                        [functools.partial(step, width=k) for k in widths],
+                        target_params, draft_params, state, plan)
+
+
+speculative_step = jax.jit(planned_step_fn,
+                           static_argnames=("target_config", "draft", "spec"))
+speculative_step.__doc__ = ("Jitted `planned_step_fn`: (target_params, draft_params, state, "
+                            "costs=None, *, target_config, draft, spec) -> state.")

@@ -46,12 +46,16 @@ A γ_b = 0 step observes nothing and, for a draft that can fall behind (`Draft.s
 step, s(0) ≈ 1, and the draft catches up on the skipped tokens when it next runs
 (`Draft.catch_up`, `decoding.loop`). The choice depends only on the row's own past, so
 the verifiers' `num_proposed` rule keeps every emitted token distributed as p.
+Everything above from "Each row b keeps a belief" on is `BeliefRule`, the default γ rule;
+`GammaRule` is the protocol any other rule meets (its state, choice, observation and call
+widths), and the decode loop and the replay run any such rule unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Protocol
 
 import flax.struct
 import jax
@@ -239,17 +243,78 @@ def initial_belief(batch: int) -> Belief:
   return Belief(beta_sum=zeros, count=zeros, prior=jnp.ones_like(zeros))
 
 
+class GammaRule(Protocol):
+  """What gamma 'auto' asks of a rule (`AutoGamma.rule`; docs/design.md#adding-a-gamma-rule).
+
+  A rule is a frozen dataclass (hashable: a static of the compiled loop) with four methods.
+  The decode loop traces them inside its step; the replay (`gamma_replay`) calls the same
+  methods eagerly, one row at a time. B batch, G = γ_max.
+    init(batch)          the rule's per-row state before any step: a pytree of arrays with
+                         leading axis B (`DecodeState.rule_state`);
+    choose(state, costs, source) -> int32 [B], γ_b in 0..G for this step; costs float32
+                         [2,G+1] (`CostTable.loop_costs`), source int [B] (DRAFT or LOOKUP);
+    observe(state, *, chosen, proposes, num_accepted, beta, source) -> the state after the
+                         step: chosen int [B] (γ_b), proposes bool [B] (live rows that had
+                         something to propose), num_accepted int [B], beta float32 [B,G] (the
+                         exact β_i of each drafted position), source int [B];
+    call_widths(gamma_max) -> the static target-call widths k = γ + 1 its choices need,
+                         ascending, ending at G + 1 (the loop compiles one kind per width).
+  Exactness asks one thing of a rule: row b's γ_b may depend on row b's own past (its
+  state, which only `observe` of its own steps changes) and the costs, nothing else
+  (docs/exactness.md). `BeliefRule` is the default; tests/test_custom_gamma_rule.py defines
+  one outside the package.
+  """
+
+  def init(self, batch: int) -> Any: ...
+
+  def choose(self, state: Any, costs: Array, source: Array) -> Array: ...
+
+  def observe(self, state: Any, *, chosen: Array, proposes: Array, num_accepted: Array,
+              beta: Array, source: Array) -> Any: ...
+
+  def call_widths(self, gamma_max: int) -> tuple[int, ...]: ...
+
+
+def check_rule(rule, gamma_max: int) -> None:
+  """ValueError unless `rule` meets `GammaRule` (methods, hashable, its call widths)."""
+  missing = [m for m in ("init", "choose", "observe", "call_widths")
+             if not callable(getattr(rule, m, None))]
+  if missing:
+    raise ValueError(f"gamma='auto' rule {type(rule).__name__} lacks {', '.join(missing)} "
+                     f"(gamma.adaptive.GammaRule)")
+  try:
+    hash(rule)
+  except TypeError:
+    raise ValueError(f"gamma='auto' rule {type(rule).__name__} must be hashable (a frozen "
+                     f"dataclass): it is a static of the compiled loop") from None
+  widths = tuple(rule.call_widths(gamma_max))
+  if (not widths or list(widths) != sorted(set(widths)) or widths[0] < 1
+      or widths[-1] != gamma_max + 1
+      or not all(isinstance(k, (int, np.integer)) for k in widths)):
+    raise ValueError(f"gamma='auto' rule {type(rule).__name__}.call_widths({gamma_max}) must "
+                     f"be ascending ints in 1..{gamma_max + 1} ending at {gamma_max + 1}, got "
+                     f"{widths!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class BeliefRule:
-  """The constants of the belief and its choice (module docstring); the decode loop runs
-  `DEFAULT_RULE` unless a spec names another (`AutoGamma.rule`), and the replay
-  (`gamma_replay`) compares others offline."""
+  """The default `GammaRule`: the belief and its choice (module docstring) under these
+  constants. The decode loop runs `DEFAULT_RULE` unless a spec names another rule
+  (`AutoGamma.rule`); the replay (`gamma_replay`) compares rules offline."""
 
   prior: tuple[float, float] = ALPHA_PRIOR
   prior_weight: float = PRIOR_WEIGHT
   keep: float = KEEP
   forget: float = FORGET
   optimism: float = OPTIMISM
+
+  def init(self, batch: int) -> Belief:
+    """`initial_belief`: the rule's state (`GammaRule.init`)."""
+    return initial_belief(batch)
+
+  def call_widths(self, gamma_max: int) -> tuple[int, ...]:
+    """Every width 1..G+1: the choice may take any γ in 0..G."""
+    return tuple(range(1, gamma_max + 2))
 
   def weight(self, belief: Belief) -> Array:
     """float32 [B,2]: n + f n₀, the evidence the mean stands on."""
@@ -309,20 +374,10 @@ class BeliefRule:
 DEFAULT_RULE = BeliefRule()
 
 
-def call_widths(gamma: int, adaptive: bool, may_propose_nothing: bool) -> tuple[int, ...]:
-  """The static target-call widths one compiled step may take (the loop runs one inner
-  `while_loop` per width; the jitted `speculative_step` a `lax.switch` over them).
-
-  gamma='auto': every width 1..G+1. A fixed γ: G+1, and 1 as well when a draft may
-  propose nothing (a lookup without a match).
-  """
-  if adaptive:
-    return tuple(range(1, gamma + 2))
-  return (1, gamma + 1) if may_propose_nothing else (gamma + 1,)
-
-
 def width_index(widths: tuple[int, ...], chosen: Array) -> Array:
-  """int32 []: the branch of the narrowest width >= max_b γ_b + 1. chosen int [B]."""
+  """int32 []: the branch of the narrowest of the static call widths (ascending) >= max_b
+  γ_b + 1, the one place a step's width is chosen (`decoding.step.kind_index`). chosen int
+  [B], each <= widths[-1] - 1."""
   need = jnp.max(chosen) + 1
   return jnp.sum(jnp.asarray(widths) < need).astype(jnp.int32)
 

@@ -19,7 +19,8 @@ so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cos
 s_src(γ) plain steps (the measured step costs), observe the hits the loop observes, and
 move on. Tokens per plain-step cost is the rule's predicted speedup over autoregressive
 decoding on that prompt. The choice and the bookkeeping of each step are the decode
-loop's own functions (`adaptive.BeliefRule.choose` and `.observe`); the draft's catch-up
+loop's own functions (the rule's `init`, `choose` and `observe`, `adaptive.GammaRule`;
+held to 0..G as `AutoGamma.choose` holds them); the draft's catch-up
 calls after skipped steps are not counted. How closely the replay predicts measured
 speedups is in docs/results.md#gamma-rules.
 """
@@ -62,12 +63,12 @@ class Rule:
   """How a row picks γ each step.
 
   fixed: always this γ (a fixed-γ run); oracle: the γ of the best tokens/cost knowing the
-  step's depth (a bound, not a rule); otherwise gamma='auto' (`adaptive`) under `belief`'s
-  constants, with one belief per source when by_source (else one for both, the DRAFT
-  column's).
+  step's depth (a bound, not a rule); otherwise gamma='auto' under `gamma_rule` (any
+  `adaptive.GammaRule`, the decode loop's default unless named), told each step's source
+  when by_source (else always DRAFT: one estimate for both sources).
   """
 
-  belief: adaptive.BeliefRule = adaptive.DEFAULT_RULE
+  gamma_rule: adaptive.GammaRule = adaptive.DEFAULT_RULE
   by_source: bool = True
   fixed: int | None = None
   oracle: bool = False
@@ -148,7 +149,7 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
                      f"{trace.hit.shape[1]}")
   n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
   depth = trace.depth
-  belief = adaptive.initial_belief(1)
+  rule_state = rule.gamma_rule.init(1)
   at, tokens, cost, gammas = 0, 0, 0.0, {}
   while tokens < n_max and at < len(depth):
     source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
@@ -160,10 +161,10 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
       gamma = int(np.argmax((np.minimum(depth[at], np.arange(gmax + 1)) + 1) / s))
     else:  # the decode loop's own rule, on this step's source costs
       both = jnp.asarray(np.stack([s, s]), jnp.float32)
-      gamma = int(rule.belief.choose(belief, both, column)[0])
+      gamma = min(max(int(rule.gamma_rule.choose(rule_state, both, column)[0]), 0), gmax)
     accepted = min(int(depth[at]), gamma)
-    belief = rule.belief.observe(  # the decode loop's own bookkeeping
-        belief, chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
+    rule_state = rule.gamma_rule.observe(  # the decode loop's own bookkeeping
+        rule_state, chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
         num_accepted=jnp.asarray([accepted]),
         beta=jnp.asarray(trace.hit[None, at, :gmax], jnp.float32), source=column)
     gammas[gamma] = gammas.get(gamma, 0) + 1
