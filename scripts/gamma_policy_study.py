@@ -16,6 +16,8 @@ giving its predicted speedup over autoregressive decoding per prompt. Rules:
                 drafts again
   no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
                 bound from the evidence it has still clears the threshold
+  probe-k       the committed rule, but a probe (a step the mean alone would not draft)
+                proposes at most k drafts (`SmallProbeRule`, a γ rule defined in this file)
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
   oracle        each step the γ of the most tokens per cost given its true depth (a bound)
 --measured: a held-out benchmark JSON (scripts/benchmark.py) of the same config whose
@@ -30,6 +32,7 @@ import dataclasses
 import os
 
 import _bootstrap  # repository root on sys.path; run(main)
+import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 from ml_collections import config_flags
@@ -54,13 +57,29 @@ _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 _MEASURED = flags.DEFINE_string("measured", None, "a held-out benchmark JSON to compare with")
 
 
+@dataclasses.dataclass(frozen=True)
+class SmallProbeRule(adaptive.BeliefRule):
+  """The default rule whose probes (steps on which the mean alone would not draft) take at
+  most `probe` drafts: a rejected probe observes one position whatever its γ, so a small
+  probe buys the same news for less. A `GammaRule` of its own, defined here."""
+
+  probe: int = 1
+
+  def choose(self, belief, costs, source):
+    exploit = dataclasses.replace(self, optimism=0.0).choose(belief, costs, source)
+    bound = super().choose(belief, costs, source)
+    return jnp.where(exploit > 0, exploit, jnp.minimum(bound, self.probe))
+
+
 def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
   """name -> (rule, lookup steps at their own costs)."""
   base = adaptive.DEFAULT_RULE
   out = {"auto": (gamma_replay.Rule(), True),
          "one-estimate": (gamma_replay.Rule(by_source=False), False),
          "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
-         "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True)}
+         "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True),
+         "probe-1": (gamma_replay.Rule(SmallProbeRule(probe=1)), True),
+         "probe-2": (gamma_replay.Rule(SmallProbeRule(probe=2)), True)}
   for g in range(1, gamma_max + 1):
     out[f"fixed-{g}"] = (gamma_replay.Rule(fixed=g), True)
   out["oracle"] = (gamma_replay.Rule(oracle=True), True)
@@ -125,7 +144,9 @@ def compare(path: str, records, replayed: list[dict]) -> dict:
   """The 'auto' replay beside a held-out benchmark's measured per-prompt speedups."""
   import json
   with open(path) as f:
-    measured = {p["id"]: p["speedup"] for p in json.load(f)["rows"][0]["prompts"]}
+    rows = json.load(f)["rows"]
+  auto = next((r for r in rows if r.get("gamma") == "auto"), rows[0])
+  measured = {p["id"]: p["speedup"] for p in auto["prompts"]}
   missing = [r.id for r in records if r.id not in measured]
   if missing:
     raise ValueError(f"--measured {path} lacks prompts {missing[:5]}")

@@ -160,6 +160,24 @@ def test_prompt_set_page_shows_domains_intervals_and_the_overall_row(tmp_path):
   assert "not measured yet (`make distill`)" in readme
 
 
+def test_gammas_side_by_side_are_compared(tmp_path):
+  """Several γ in one run: one summary line each with the prompts below 0.97x, a table of
+  every prompt's speedup per γ, and one README figure per γ naming its losses."""
+  doc = copy.deepcopy(PROMPT_SET)
+  fixed = copy.deepcopy(doc["rows"][0])
+  fixed["gamma"] = 2
+  for p, speedup in zip(fixed["prompts"], (1.1, 0.96, 0.99, 1.3)):
+    p["speedup"] = speedup
+  doc["rows"].append(fixed)
+  page, readme = rendered(tmp_path, {"benchmark_heldout_smollm2.json": doc})
+  assert "| γ auto (block) | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 3 of 4 | 0.70x " \
+      "(code-01) |" in page
+  assert "| γ 2 (block) | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 1 of 4 | 0.96x " \
+      "(prose-02) |" in page
+  assert "| `prose-02` | prose | 0.80 | 0.96 |" in page
+  assert "slowest prompt `code-01` 0.70x; 3 of 4 prompts below 0.97x" in readme
+
+
 def test_prompt_set_without_optional_fields_renders(tmp_path):
   """An older file: no auto cost table, prompt widths, histograms or bounds (one prompt)."""
   doc = copy.deepcopy(PROMPT_SET)
@@ -259,7 +277,8 @@ def test_heldout_sections_measure_the_prompt_set_config():
   for anchor, extra in (("heldout", ()), ("heldout-t1", ("--config.temperature=1",))):
     s = by_anchor[anchor]
     assert s.kind == "prompt_set" and s.needs_draft
-    assert s.argv == ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py", *extra,
+    assert s.argv == ("scripts/benchmark.py", "--config=configs/heldout_smollm2.py",
+                      "--gammas=auto,1,2,3,4", *extra,
                       f"--out={results_page.RESULTS_DIR}/{s.path}")
   assert by_anchor["distill"].argv == () and by_anchor["distill"].kind == "distill_curve"
 

@@ -100,7 +100,8 @@ _HELDOUT = benchmark(
     "with γ 'auto' chosen per step from this machine's cost table. Speedups are interleaved "
     "in one process (compile excluded, median of repeats); per domain and overall, the "
     "speedup is the geometric mean over prompts and α the mean, each with its 95% Student-t "
-    "interval over prompts.", "heldout_smollm2")
+    "interval over prompts. Fixed γ 1 to 4 ran beside γ 'auto' on every prompt, in the same "
+    "run.", "heldout_smollm2", "--gammas=auto,1,2,3,4")
 _T1 = ("--config.temperature=1",)
 _QWEN = Section(
     "qwen-heldout", "heldout_qwen25_coder_t0.json", "prompt_set",

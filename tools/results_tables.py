@@ -101,9 +101,51 @@ def per_prompt_table(prompts: list[dict]) -> list[str]:
                    "accept", "α", "tokens/step"], rows) + ["", "</details>"])
 
 
+# A prompt "loses" below this speedup: within timing noise of 1 it is not a loss.
+LOSS_BELOW = 0.97
+
+
+def _overall(r: dict) -> dict | None:
+  """A row's overall (all prompts) domain entry, or None."""
+  return next((d for d in r.get("domains", []) if d.get("domain") == ALL), None)
+
+
+def _losses(r: dict) -> str:
+  """'k of n' prompts of a row below LOSS_BELOW."""
+  speedups = [p["speedup"] for p in r.get("prompts", [])
+              if num(p.get("speedup"), "g") != "–"]
+  return f"{sum(x < LOSS_BELOW for x in speedups)} of {len(speedups)}"
+
+
+def gamma_comparison(doc: dict) -> list[str]:
+  """Several γ rows run side by side: one line each (overall speedup, prompts below
+  LOSS_BELOW, slowest prompt), then every prompt's speedup per γ (collapsed)."""
+  rows = doc["rows"]
+  label = [f"γ {r.get('gamma', '?')} ({r.get('verifier', '?')})" for r in rows]
+  summary = []
+  for name, r in zip(label, rows):
+    overall = _overall(r) or {}
+    summary.append([name, with_interval(overall, "speedup", ".2f", "x"),
+                    with_interval(overall, "alpha", ".3f"), _losses(r),
+                    _slowest_cell(r.get("prompts", []), ALL)])
+  lines = ["", "Side by side, in one run (each prompt's samplers interleaved):", ""]
+  lines += table(["γ", "speedup (geo. mean, 95%)", "α (mean, 95%)",
+                  f"prompts below {LOSS_BELOW}x", "slowest prompt"], summary)
+  by_id = [{p.get("id"): p for p in r.get("prompts", [])} for r in rows]
+  ids = [p.get("id") for p in rows[0].get("prompts", [])]
+  per = [[f"`{i}`", by_id[0][i].get("domain", "?")]
+         + [num(table_.get(i, {}).get("speedup"), ".2f") for table_ in by_id] for i in ids]
+  lines += ["", f"<details><summary>Speedup per prompt and γ ({len(ids)})</summary>", ""]
+  lines += table(["prompt", "domain", *label], per) + ["", "</details>"]
+  return lines
+
+
 def prompt_set_table(doc: dict) -> list[str]:
-  """Settings, then per γ and verifier: the per-domain table, the γ histogram, every prompt."""
+  """Settings, the side-by-side comparison where several γ ran, then per γ and verifier:
+  the per-domain table, the γ histogram, every prompt."""
   lines = [prompt_set_settings(doc)]
+  if len(doc["rows"]) > 1:
+    lines += gamma_comparison(doc)
   tree = tree_of(doc)
   for r in doc["rows"]:
     prompts = r.get("prompts", [])
@@ -160,6 +202,8 @@ def prompt_set_headline(title: str, doc: dict) -> list[tuple[str, str]]:
       worst = slowest(r.get("prompts", []), ALL)
       if worst is not None:
         value += f"; slowest prompt `{worst.get('id', '?')}` {worst['speedup']:.2f}x"
+      if len(doc["rows"]) > 1:
+        value += f"; {_losses(r)} prompts below {LOSS_BELOW}x"
     figure = f"{title}: speedup over autoregressive (geometric mean, 95%)"
     if len(doc["rows"]) > 1:
       figure += f" at γ = {r.get('gamma', '?')} ({r.get('verifier', '?')})"
