@@ -8,7 +8,7 @@
   tree_study     scripts/tree_study.py --out: {'stamp', 'meta', 'rows': [one per chain or
                  tree, rule and T: 'tokens_per_call', 'ci95', 'predicted_speedup'], 'costs'}
   gamma_rules    scripts/gamma_policy_study.py --out: {'stamp', 'meta', 'rows': [one per
-                 rule: 'speedup', 'below_095', 'lowest', 'domains', 'prompts']}
+                 rule: 'speedup', 'below_095', ['below_097'], 'lowest', 'domains', 'prompts']}
 
 Pure functions of the JSON, as the rest of the page; a missing optional field renders
 as '–' or is left out, never an error.
@@ -484,8 +484,9 @@ def gamma_rules_table(doc: dict) -> list[str]:
     by = {d["domain"]: d for d in r["domains"]}
     body.append([r["rule"], with_interval(by.get(ALL, {}), "speedup", ".2f", "x")]
                 + [num(by[d]["speedup"], ".2f") for d in domains]
-                + [str(r["below_095"]), num(r["lowest"], ".2f")])
-  lines += table(["rule", "speedup [95%]"] + domains + ["prompts < 0.95x", "lowest"], body)
+                + [str(r["below_095"]), str(r.get("below_097", "–")), num(r["lowest"], ".2f")])
+  lines += table(["rule", "speedup [95%]"] + domains
+                 + ["prompts < 0.95x", "prompts < 0.97x", "lowest"], body)
   costs = meta.get("costs", {})
   if costs:
     lines += ["", "Step costs s(γ) in plain steps, γ = 0, 1, ...: draft model "
