@@ -55,13 +55,16 @@ def main(argv):
   sharding.initialize_distributed(config.get("distributed", ""))  # before any other JAX work
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer
-  proposer = None
+  proposer, decided_on = None, None  # decided_on: the cost table of gamma 'auto', if any
   if pair.draft_config is not None:  # None: config.draft is 'none'
     proposer = config_proposer.config_proposer(
         config, pair, directory=_bootstrap.COSTS_DIR)
     if isinstance(proposer, config_proposer.PlainDecoding):
       print(proposer.line)
+      decided_on = proposer.table
       proposer, pair.draft_config = None, None
+    elif isinstance(proposer, AutoGamma):
+      decided_on = proposer.costs
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
   kw = dict(seed=config.seed, pad_id=tok.eos_id)
@@ -105,8 +108,9 @@ def main(argv):
       gamma_max=spec.gamma if spec.adaptive else None,
       tree=config.get("tree", "") if spec.tree is not None else None,
       gamma_histogram=(adaptive.gamma_histogram(out.gammas) if speculative else None),
-      # the table gamma 'auto' chose from: --config.costs=<this JSON> replays the run
-      cost_table=(proposer.costs.to_dict() if isinstance(proposer, AutoGamma) else None),
+      # the table gamma 'auto' chose from (or decided plain decoding on):
+      # --config.costs=<this JSON> replays the run
+      cost_table=decided_on.to_dict() if decided_on is not None else None,
       temperature=config.temperature,
       top_k=config.top_k, top_p=config.top_p, seed=config.seed, mesh=config.get("mesh", ""),
       processes=jax.process_count(), devices=jax.device_count(),

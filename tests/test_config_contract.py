@@ -217,8 +217,26 @@ def test_gamma_auto_replays_from_a_pinned_table_with_no_cached_one(tmp_path):
   second = json.loads(proc.stdout.strip().splitlines()[-1])
   assert not second_cache.exists() or not list(second_cache.iterdir())  # nothing measured
   assert second["cost_table"] == first["cost_table"]
+  assert second["mode"] == first["mode"]  # speculative, or plain where drafting cannot pay
   assert [r["tokens"] for r in second["rows"]] == [r["tokens"] for r in first["rows"]]
   assert second["gamma_histogram"] == first["gamma_histogram"]
+
+
+def test_gamma_auto_records_the_table_it_decided_plain_decoding_on(tmp_path):
+  """Pinned to a table in which no γ pays, generate.py says so in one line, decodes
+  autoregressively and records that table, so its result replays the decision."""
+  record = tmp_path / "costly.json"
+  record.write_text(json.dumps({"cost_table": {"step_costs": [1.0, 9.0, 9.5, 10.0, 10.5,
+                                                              11.0, 11.5]}}))
+  proc, _ = _script("generate.py", "--config=configs/tiny.py", "--prompt=abc",
+                    "--config.gamma=auto", "--config.max_new_tokens=8",
+                    f"--config.costs={record}", "--json", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  lines = proc.stdout.strip().splitlines()
+  assert any("drafting does not pay" in line for line in lines), proc.stdout[-2000:]
+  result = json.loads(lines[-1])
+  assert result["mode"] == "autoregressive" and result["gamma_histogram"] is None
+  assert result["cost_table"]["step_costs"][:3] == [1.0, 9.0, 9.5]
 
 
 @pytest.mark.slow
