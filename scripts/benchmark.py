@@ -122,7 +122,8 @@ def prompt_set_row(pair, config, records, prompts, gamma: int | str, verifier: s
   res = studies.side_by_side_per_prompt(
       pair.target, pair.draft, prompts, domains=[r.domain for r in records],
       ids=[r.id for r in records], spec=run_spec(pair, config, gamma, verifier, auto),
-      seed=config.seed, repeats=config.repeats, copies=int(config.batch_size))
+      seed=config.seed, repeats=config.repeats, copies=int(config.batch_size),
+      progress=f"gamma {gamma} {verifier}")
   for record, p in zip(records, res["prompts"]):
     p["chat"] = record.chat
   print(f"gamma {gamma}  verifier {verifier}")
@@ -291,8 +292,9 @@ def main(argv):
     auto = dict(gamma_max=gamma_max, costs=table)
     print(f"gamma auto: gamma_max {gamma_max}, cost table {cost_cache.describe(table)}")
     if not table.drafting_pays(gamma_max):
-      print("gamma auto: drafting does not pay on this machine; gamma=auto takes plain "
-            "steps here (generate and run decode autoregressively)")
+      print("gamma auto: drafting does not pay on this machine even at alpha "
+            f"{adaptive.PAYS_AT_ALPHA} (generate and run decode autoregressively); the "
+            "gamma 'auto' rows below run the rule anyway: plain steps and the probes it takes")
     phases.done("cost table")
   tree = parse_tree(config.get("tree", ""))
   fixed = [g for g in gammas if g != "auto"]

@@ -78,6 +78,7 @@ def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
          "one-estimate": (gamma_replay.Rule(by_source=False), False),
          "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
          "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True),
+         "no-lookahead": (gamma_replay.Rule(dataclasses.replace(base, lookahead=False)), True),
          "probe-1": (gamma_replay.Rule(SmallProbeRule(probe=1)), True),
          "probe-2": (gamma_replay.Rule(SmallProbeRule(probe=2)), True)}
   for g in range(1, gamma_max + 1):

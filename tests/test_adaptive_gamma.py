@@ -604,6 +604,27 @@ def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
   assert (np.diff(probes) >= 10).all()  # but rarely: long plain runs between probes
 
 
+def test_a_probe_that_cannot_pay_is_not_taken():
+  """Under step costs where drafting pays only at α near 1 (γ = 4 needs α > 0.9), a row
+  whose prior has faded to f = 0.7 over plain steps has a bound (0.92) at which a probe of
+  γ = 4 pays, but even a perfect probe would leave its mean at 0.89, below the threshold:
+  the rule takes a plain step where the bound alone would probe (the negative control,
+  lookahead=False). Once the prior has faded away, the same probe could make the row
+  draft, and the rule probes again."""
+  costs = jnp.asarray([[1.0, 3.7, 3.15, 3.6, 4.13]] * 2, jnp.float32)
+  source = jnp.zeros(1, jnp.int32)
+
+  def faded_to(f):
+    return adaptive.Belief(beta_sum=jnp.zeros((1, 2)), count=jnp.zeros((1, 2)),
+                           prior=jnp.full((1, 2), f))
+  assert int(adaptive.DEFAULT_RULE.choose(faded_to(0.7), costs, source)[0]) == 0
+  assert int(adaptive.BeliefRule(lookahead=False).choose(faded_to(0.7), costs, source)[0]) == 4
+  assert int(adaptive.DEFAULT_RULE.choose(faded_to(1e-3), costs, source)[0]) == 4
+  # where drafting pays at the prior's mean already, nothing changes: a fresh row drafts
+  cheap = jnp.asarray([[1.0, 1.1, 1.2, 1.3, 1.4]] * 2, jnp.float32)
+  assert int(adaptive.DEFAULT_RULE.choose(adaptive.initial_belief(1), cheap, source)[0]) > 0
+
+
 def test_gamma_per_source():
   """Each row's observed β go to its step's source column only, and γ is chosen on that
   column and that source's step costs."""

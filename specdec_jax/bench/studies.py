@@ -199,12 +199,13 @@ def prompt_bucket(tokens: int) -> int:
 
 
 def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, ids=None,
-                            copies: int = 1, **kw) -> dict:
+                            copies: int = 1, progress: str = "", **kw) -> dict:
   """`side_by_side` on each prompt alone, then a summary per domain and overall.
 
   prompts [P] token-id lists; domains [P] and ids [P] (default '0'..'P-1') label them;
   copies: each prompt runs as a batch of that many copies of itself (rows sample their own
-  text at T > 0; tok/s counts every row's tokens);
+  text at T > 0; tok/s counts every row's tokens); progress: a progress bar's label on
+  stderr, one tick per prompt ('' for none);
   kw as `side_by_side` (spec, seed, repeats). Returns dict(prompts=[one
   dict per prompt: id, domain, prompt_tokens, tokens and the SideBySide fields],
   domains=`prompt_sets.domain_summary` rows: speedup as a geometric mean with the
@@ -221,7 +222,9 @@ def side_by_side_per_prompt(target: Model, draft: Model, prompts, *, domains, id
   widths = [prompt_bucket(len(p)) for p in prompts]
   order = sorted(range(len(prompts)), key=lambda i: (widths[i], i))
   rows = [None] * len(prompts)
-  for at, i in enumerate(order):
+  from tqdm import tqdm
+  bar = tqdm(order, desc=progress, unit="prompt", dynamic_ncols=True, disable=not progress)
+  for at, i in enumerate(bar):
     res, out = side_by_side(target, draft, [prompts[i]] * copies, return_results=True,
                             prompt_width=widths[i], **kw)
     rows[i] = dict(id=ids[i], domain=domains[i], prompt_tokens=len(prompts[i]),

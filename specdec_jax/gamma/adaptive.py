@@ -34,7 +34,12 @@ A position is observed when the row proposed it and reached it (every earlier dr
 accepted). Each step row b takes, with src its source this step and
   best(α) = argmax_{γ in 0..G} E(α, γ) / s_src(γ),   E(α, γ) = Σ_{j=0..γ} α^j
 (Leviathan et al. §3 with this machine's measured costs; ties go to the smaller γ):
-  γ_b = best(α̂)   where that drafts (exploit),   else best(α⁺)   (a probe, or 0).
+  γ_b = best(α̂)   where that drafts (exploit),   else best(α⁺)   (a probe, or 0),
+and a probe only where it can pay: where the belief after its best outcome (every probed
+draft accepted, β = 1) would make the row draft on its mean (`BeliefRule.probe_can_pay`;
+else γ_b = 0). A probe whose best outcome leaves the choice at 0 buys information no
+later step acts on; under a table where drafting pays only at α near 1, such probes
+are all a row would draft.
 This is optimism under uncertainty with discounted evidence (the discounted UCB of
 Garivier and Moulines 2011): a fresh row's bound drafts from its first step whatever the
 prior's mean, a row whose drafts were rejected stops drafting once α⁺ falls below the
@@ -307,6 +312,7 @@ class BeliefRule:
   keep: float = KEEP
   forget: float = FORGET
   optimism: float = OPTIMISM
+  lookahead: bool = True  # probe only where a probe's best outcome would make the row draft
 
   def init(self, batch: int) -> Belief:
     """`initial_belief`: the rule's state (`GammaRule.init`)."""
@@ -344,7 +350,24 @@ class BeliefRule:
       return jnp.take_along_axis(alpha, source[:, None], axis=1)[:, 0]
     row_costs = jnp.asarray(costs)[source]
     exploit = choose_gamma(own(self.mean(belief)), row_costs)
-    return jnp.where(exploit > 0, exploit, choose_gamma(own(self.bound(belief)), row_costs))
+    probe = choose_gamma(own(self.bound(belief)), row_costs)
+    if self.lookahead:  # a probe that could not change the choice buys nothing: skip it
+      probe = jnp.where(self.probe_can_pay(belief, probe, row_costs, source), probe, 0)
+    return jnp.where(exploit > 0, exploit, probe)
+
+  def probe_can_pay(self, belief: Belief, probe: Array, row_costs: Array,
+                    source: Array) -> Array:
+    """bool [B]: whether a probe of γ_b = probe_b drafts would leave row b drafting on
+    its mean if every probed draft were accepted with β = 1, its best outcome. Where even
+    that leaves best(α̂) = 0, the probe's information cannot change a later choice, so it
+    is worth nothing and its cost s(γ) - E(α̂, γ) is lost. probe int [B]; row_costs float32
+    [B,G+1]; source int [B]."""
+    gamma_max = row_costs.shape[-1] - 1
+    best_case = self.observe(
+        belief, chosen=probe, proposes=probe > 0, num_accepted=probe,
+        beta=jnp.ones((probe.shape[0], gamma_max), jnp.float32), source=source)
+    after = jnp.take_along_axis(self.mean(best_case), source[:, None], axis=1)[:, 0]
+    return choose_gamma(after, row_costs) > 0
 
   def observe(self, belief: Belief, *, chosen: Array, proposes: Array, num_accepted: Array,
               beta: Array, source: Array) -> Belief:
