@@ -1,5 +1,7 @@
 """The model itself: layouts, shapes and config errors."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +9,9 @@ import pytest
 
 from helpers import tiny_config, tiny_model
 from specdec_jax.models.layouts import serving_layout, stack_layers, unstack_layers
-from specdec_jax.models.model import ModelConfig, forward, init_cache, param_shapes
+from specdec_jax.models import model as model_module
+from specdec_jax.models.model import (ModelConfig, dot_products_only, forward, init_cache,
+                                      out_major_matmul, param_shapes)
 
 
 def test_unstacked_layout_gives_the_same_logits_and_cache():
@@ -49,6 +53,25 @@ def test_serving_layout_gives_the_same_logits_and_cache(tie, subset):
   back = stack_layers(served, cfg)
   assert jax.tree_util.tree_all(jax.tree_util.tree_map(
       lambda x, y: bool((np.asarray(x) == np.asarray(y)).all()), back, params))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 5])
+def test_out_major_matmul_takes_the_multiply_sum_for_a_few_rows(rows):
+  """2..SKINNY_ROWS float32 rows lowered for the CPU are a fused multiply-sum (no dot in
+  the program); other row counts, and any row count within `dot_products_only`, a dot;
+  both give x @ w_t.T."""
+  rng = np.random.default_rng(rows)
+  w_t = jnp.asarray(rng.normal(size=(48, 32)), jnp.float32)
+  x = jnp.asarray(rng.normal(size=(1, rows, 32)), jnp.float32)
+  want = np.asarray(x) @ np.asarray(w_t).T
+  skinny = 2 <= rows <= model_module.SKINNY_ROWS
+  for only_dots in (False, True):
+    fn = jax.jit(lambda x, w: out_major_matmul(x, w))  # a fresh trace per setting
+    with dot_products_only() if only_dots else contextlib.nullcontext():
+      program = fn.lower(x, w_t).as_text()
+      got = fn(x, w_t)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    assert ("dot" not in program) == (skinny and not only_dots), program
 
 
 def test_param_shapes_match_init():

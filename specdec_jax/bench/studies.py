@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from specdec_jax.bench import timing
 from specdec_jax.gamma import adaptive
-from specdec_jax.models.model import ModelConfig, forward, init_cache
+from specdec_jax.models.model import ModelConfig, dot_products_only, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import DecodeSpec
@@ -64,10 +64,12 @@ def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma
 
 def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
                  return_logits: bool = True, input_embed=None,
-                 logits_at_last: bool = False) -> Callable[[], object] | None:
+                 logits_at_last: bool = False,
+                 dot_products: bool = False) -> Callable[[], object] | None:
   """A zero-argument call for `timing` (which blocks on its result): one cached forward
   of `tokens` new tokens after `context` ones (logits_at_last: the head at the last token
-  only); config None (a draft without a model, see `Draft.model_config`) gives None. See
+  only; dot_products: every matmul a `jnp.dot`, `models.model.dot_products_only`); config
+  None (a draft without a model, see `Draft.model_config`) gives None. See
   `call_seconds`."""
   if config is None:
     return None
@@ -81,8 +83,9 @@ def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, contex
                    context=jnp.ones((batch, tokens, config.embed_dim), config.jnp_dtype))
   if logits_at_last:
     feature["logits_at"] = jnp.full((batch, 1), tokens - 1, jnp.int32)
-  return lambda: _timed_forward(params, toks, pos, cache, config=config,
-                                return_logits=return_logits, **feature)
+  timed = _timed_forward_dot_products if dot_products else _timed_forward
+  return lambda: timed(params, toks, pos, cache, config=config,
+                       return_logits=return_logits, **feature)
 
 
 def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, context: int,
@@ -101,6 +104,16 @@ def call_seconds(params, config: ModelConfig, *, batch: int, tokens: int, contex
 
 # One jitted forward for every timing call: compiled once per (config, shapes), not per call.
 _timed_forward = jax.jit(forward, static_argnames=("config", "return_logits", "hidden_layers"))
+
+
+def _forward_dot_products(*args, **kw):
+  with dot_products_only():
+    return forward(*args, **kw)
+
+
+# Its own jit (a trace reads `dot_products_only` once; the cache does not key on it).
+_timed_forward_dot_products = jax.jit(
+    _forward_dot_products, static_argnames=("config", "return_logits", "hidden_layers"))
 
 
 def verify_cost_curve(params, config: ModelConfig, *, batch: int, context: int,
