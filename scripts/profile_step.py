@@ -12,13 +12,16 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
   chain step   the speculative loop at a fixed γ, --steps steps from the same state, per
                step (every row proposes γ each step);
   pieces       each compiled alone at the prompt's context: the target call over 1 and over
-               γ+1 tokens, the draft call with its head and without (cache only: an
-               independent draft ends each chain with one, to write x_γ), the draft call
-               over two tokens (what a first call that also wrote the last step's x_γ
-               would cost), and the verifier the step runs (`greedy_verify` at T = 0) on
-               γ drafts.
+               γ+1 tokens, the draft call over one token and over two (the head at the
+               second: an independent draft's first call, which also writes the last
+               step's accepted x_γ), and the verifier the step runs (`greedy_verify` at
+               T = 0) on γ drafts; the target's γ+1-token call and the draft's two-token
+               call also with every matmul a `jnp.dot` (`models.model.dot_products_only`:
+               what the few-row multiply-sum of `out_major_matmul` saves).
 Every figure is in plain steps (seconds / plain step), so the step's split reads
-  step = γ·c_head + c_cache + v(γ+1)·t(1) + verifier + the rest,
+  step = c_first + (γ-1)·c + v(γ+1)·t(1) + verifier + the rest,
+c_first being the two-token call for an independent draft (alone or in a hybrid), c for
+other kinds (a feature draft's first call re-reads its window: its own cost, not timed),
 the rest being the sampling and warps, the caches' bookkeeping and the loop itself: what
 the pieces alone do not show. A piece called alone also pays one host dispatch (a fraction
 of a millisecond), which the loop does not: the split is for pairs whose calls take tens of
@@ -113,6 +116,9 @@ def main(argv):
           pair.target_params, pair.target_config, batch=1, tokens=1, context=context),
       f"target call, {gamma + 1} tokens": studies.forward_call(
           pair.target_params, pair.target_config, batch=1, tokens=gamma + 1, context=context),
+      f"target call, {gamma + 1} tokens, dot products": studies.forward_call(
+          pair.target_params, pair.target_config, batch=1, tokens=gamma + 1, context=context,
+          dot_products=True),
       "verifier": verifier_call(greedy_verify if greedy else chain.spec.verify_fn,
                                 gamma=gamma, vocab=pair.vocab_size, seed=config.seed),
   }
@@ -121,14 +127,13 @@ def main(argv):
   if model is not None:
     fns["draft call"] = studies.forward_call(pair.draft_params, model, batch=1, tokens=1,
                                              context=context, **feature)
-    fns["draft call, cache only"] = studies.forward_call(
-        pair.draft_params, model, batch=1, tokens=1, context=context, return_logits=False,
-        **feature)
-    # one call over two tokens, the head at the second: what a call that also wrote the
-    # last step's x_γ would cost
+    # one call over two tokens, the head at the second: an independent draft's first call
     fns["draft call, 2 tokens"] = studies.forward_call(
         pair.draft_params, model, batch=1, tokens=2, context=context, logits_at_last=True,
         **feature)
+    fns["draft call, 2 tokens, dot products"] = studies.forward_call(
+        pair.draft_params, model, batch=1, tokens=2, context=context, logits_at_last=True,
+        dot_products=True, **feature)
   print(f"target {config.target}  draft {config.draft}  gamma {gamma}  context {context}  "
         f"T={pair.sampling.temperature:g}  {steps} loop steps per call, median of "
         f"{_REPEATS.value}")
@@ -141,12 +146,11 @@ def main(argv):
   plain_s = seconds["plain step"]
   unit = {name: s / plain_s for name, s in seconds.items()}
   tokens = np.asarray(results["chain step"].accepted)[0, -steps:] + 1
-  # an independent draft's chain: γ calls with the head, one cache-only call (x_γ)
-  head_calls = gamma if model is not None else 0
-  cache_calls = int(isinstance(getattr(draft, "inner", draft), IndependentDraft))
+  # a chain: γ draft calls, an independent draft's first one over two tokens
+  first = "draft call, 2 tokens" if isinstance(getattr(draft, "inner", draft),
+                                               IndependentDraft) else "draft call"
   split = {
-      "draft calls": head_calls * unit.get("draft call", 0.0)
-      + cache_calls * unit.get("draft call, cache only", 0.0),
+      "draft calls": unit.get(first, 0.0) + (gamma - 1) * unit.get("draft call", 0.0),
       "target call": unit[f"target call, {gamma + 1} tokens"],
       "verifier": unit["verifier"],
   }

@@ -366,7 +366,9 @@ def test_auto_gamma_compiles_one_loop(greedy_pairs):
   """Tables are traced inputs: other tables and seeds reuse the one compiled decode loop
   (one inner loop per call width); the jitted step (a `lax.switch` over the widths)
   compiles once too, and stepping it to the end gives the loop's tokens and γ choices.
-  After every step both caches hold exactly the emitted tokens: length = num_tokens - 1."""
+  After every step the target cache holds exactly the emitted tokens (length =
+  num_tokens - 1) and the draft's at most one fewer: the last accepted draft token, never
+  fed, waits for the next step's first call."""
   pair = greedy_pairs["model"]
   target, tp, draft, dp = pair
   kw = dict(max_new_tokens=12, sampling=GREEDY, verifier="block")
@@ -386,7 +388,8 @@ def test_auto_gamma_compiles_one_loop(greedy_pairs):
                                          draft=prepared.draft, spec=prepared.spec)
     want = np.asarray(state.num_tokens) - 1
     np.testing.assert_array_equal(state.target_cache["length"], want)
-    np.testing.assert_array_equal(state.draft_state["length"], want)
+    behind = want - np.asarray(state.draft_state["length"])
+    assert ((behind == 0) | (behind == 1)).all(), behind
   assert decode_step.speculative_step._cache_size() == step_before + 1
   stepped = finish(state, 12, 0)
   np.testing.assert_array_equal(stepped.tokens, out.tokens)

@@ -103,6 +103,34 @@ def test_draft_equal_to_target_accepts_everything(tiny_pair):
   np.testing.assert_allclose(out.accept_prob[live], 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_an_independent_chain_makes_gamma_draft_calls(tiny_pair, monkeypatch, gamma):
+  """A chain step of an independent draft calls its model γ times over γ+1 tokens: a
+  first call over the last emitted token and the pending one (it writes the last step's
+  accepted x_γ), then γ-1 single tokens; no cache-only call for x_γ (which would make γ+1
+  calls). Counted eagerly (`jax.disable_jit`: the scan runs as a Python loop)."""
+  from specdec_jax.drafts import independent
+  target, tp, draft, dp = tiny_pair
+  prepared, state = prepared_state(tiny_pair, DecodeSpec(10, FixedGamma(gamma)), seed=0)
+  widths = []
+
+  def counted(params, tokens, *args, **kw):
+    widths.append(tokens.shape[1])
+    return forward(params, tokens, *args, **kw)
+
+  monkeypatch.setattr(independent, "forward", counted)
+  model_draft = prepared.draft
+  assert isinstance(model_draft, independent.IndependentDraft)
+  keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(-1, gamma, 2)
+  with jax.disable_jit():
+    xs, qs, _ = model_draft.propose(
+        dp, tp, state, keys, plan=model_draft.plan(state, gamma),
+        chosen=jnp.full(len(PROMPTS), gamma), warp_fn=lambda x: jax.nn.softmax(x, -1),
+        greedy=False, vocab_size=target.vocab_size)
+  assert xs.shape == (len(PROMPTS), gamma) and qs.shape[:2] == xs.shape
+  assert widths == [2] + [1] * (gamma - 1)
+
+
 def test_max_new_tokens_cuts_the_last_block(tiny_pair):
   out = generate(tiny_pair, max_new_tokens=7, sampling=SamplingConfig(1.0))
   np.testing.assert_array_equal(out.lengths, [7] * len(PROMPTS))

@@ -132,7 +132,7 @@ def _prefill(pair_config, params, tokens, **kw):
     pytest.param("model", DYNAMIC, marks=pytest.mark.slow)])
 def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind, shape):
   """K/V of the emitted prefix (slots 0..num_tokens-2) == a prefill of those tokens, in
-  the target cache and an independent draft's; a feature draft's `features` == the
+  the target cache and, but for a depth-D node never fed, an independent draft's; a feature draft's `features` == the
   target's features at ℓ_old .. new ℓ - 1. A dynamic tree's path comes from its call
   slots, not its candidate numbering."""
   pair = model_pair if kind == "model" else feature_pair
@@ -144,12 +144,14 @@ def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair
   tokens = state.tokens[:, :width]
   layers = draft.feature_layers if kind == "feature" else ()
   out = _prefill(target, tp, tokens, hidden_layers=layers)
-  caches = [(state.target_cache, out[1])]
-  if kind == "model":
-    caches.append((state.draft_state, _prefill(draft, dp, tokens)[1]))
-  valid = np.arange(width)[None, :] < np.asarray(state.num_tokens - 1)[:, None]  # [B,W]
-  for cache, fresh in caches:
-    np.testing.assert_array_equal(np.asarray(cache["length"]), np.asarray(state.num_tokens - 1))
+  want_length = np.asarray(state.num_tokens - 1)
+  caches = [(state.target_cache, out[1], want_length)]
+  if kind == "model":  # a path down to depth D: its last node was never fed
+    full = emitted == shape.max_depth + 1
+    caches.append((state.draft_state, _prefill(draft, dp, tokens)[1], want_length - full))
+  for cache, fresh, length in caches:
+    np.testing.assert_array_equal(np.asarray(cache["length"]), length)
+    valid = np.arange(width)[None, :] < length[:, None]  # [B,W]
     for name in ("k", "v"):
       got = np.asarray(cache[name][:, :, :width])[:, valid]
       want = np.asarray(fresh[name][:, :, :width])[:, valid]

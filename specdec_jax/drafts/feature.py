@@ -209,15 +209,13 @@ class FeatureDraft(ModelDraft):
     embed = target_params["embed"]
     own = (self.config.num_layers,)
 
-    def level(x, positions, cache, mask, parents, last, hiddens):
+    def level(x, positions, cache, mask, parents, hiddens):
       # each node's context: the draft's hidden state at its parent's position
       context = jnp.take(hiddens, jnp.asarray(parents), axis=1)
-      out = forward(params, x, positions, cache, config=self.config, return_logits=not last,
-                    attn_mask=mask, input_embed=embed, context=context,
-                    hidden_layers=() if last else own)
-      if not last:
-        hiddens = jnp.concatenate([hiddens, out[2]], axis=1)
-      return out[0], out[1], hiddens
+      logits, cache, hidden = forward(params, x, positions, cache, config=self.config,
+                                      attn_mask=mask, input_embed=embed, context=context,
+                                      hidden_layers=own)
+      return logits, cache, jnp.concatenate([hiddens, hidden], axis=1)
 
     nodes, q_at, cache, scores = tree_drafting.draft_levels(
         shape, rule, logits, cache, h[:, None], level, keys=keys,

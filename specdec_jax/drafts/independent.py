@@ -3,10 +3,15 @@
 Letters: B batch, d drafted tokens this step, V vocabulary, N tree nodes, D tree depth.
 
 One chain step for row b (length ℓ = num_tokens[b]-1, pending token t):
-  1. the draft feeds t, x_1, .., x_{d-1} (a `lax.scan` of d cached calls), sampling
-     x_i ~ q_i = warp(draft logits) and keeping q_i;
-  2. one cache-only call writes x_d (head skipped), so the draft has seen every token the
-     target will see; after the verifier its cache length is set to the new ℓ.
+  1. the first call feeds the two tokens at positions ℓ-1 and ℓ (the last emitted token
+     and t; `first_call`) and samples x_1 ~ q_1 = warp(draft logits at ℓ);
+  2. a `lax.scan` of d-1 cached calls feeds x_1, .., x_{d-1}, sampling x_2, .., x_d.
+The step makes d draft calls: x_d is never fed. After the verifier accepts n of the row's
+proposals the cache holds the emitted tokens up to min(ℓ+n+1, ℓ+d) (`rollback`), so it
+lags the new ℓ by one exactly when n = d, and the next step's first call writes that
+token (x_d) together with the new pending one: ℓ_d >= ℓ-1 is all a step needs
+(`ready_to_draft`). Where ℓ_d = ℓ the first call rewrites slot ℓ-1 with the key/value it
+already holds.
 Under gamma 'auto' a step in which no row drafts skips the draft (`skip_lag` =
 CATCH_UP_WIDTH > 0): its cache length ℓ_d stays, and before the next step that drafts
 one cache-only call per CATCH_UP_WIDTH skipped tokens feeds tokens ℓ_d..ℓ-1 (`catch_up`),
@@ -29,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_jax.drafts import tree_drafting
-from specdec_jax.drafts.base import ModelDraft, pending_tokens, sample_rows, with_length
+from specdec_jax.drafts.base import ModelDraft, sample_rows, with_length
 from specdec_jax.models.model import ModelConfig, check_params, forward
 
 Array = jax.Array
@@ -83,24 +88,43 @@ class IndependentDraft(ModelDraft):
       fed = x if proposed is None else jnp.where(found, proposed, x)  # the row's proposal
       return (cache, fed, pos + 1), (x, q)
 
-    cache = with_length(state.draft_state, length)
-    proposed = None if looked is None else jnp.swapaxes(looked[:, :gamma], 0, 1)
-    (cache, last, _), (xs, qs) = jax.lax.scan(
-        draft_one, (cache, pending_tokens(state), length), (jnp.swapaxes(keys, 0, 1), proposed))
-    _, cache = forward(params, last[:, None], (length + gamma)[:, None], cache,
-                       config=self.config, return_logits=False)
-    return jnp.swapaxes(xs, 0, 1), jnp.swapaxes(qs, 0, 1), cache
+    logits, cache = self.first_call(params, state)
+    q1 = warp_fn(logits[:, 0])
+    x1 = sample_rows(keys[:, 0], q1, greedy)
+    fed = x1 if looked is None else jnp.where(found, looked[:, 0], x1)
+    if gamma == 1:
+      return x1[:, None], q1[:, None], cache
+    proposed = None if looked is None else jnp.swapaxes(looked[:, 1:gamma], 0, 1)
+    (cache, _, _), (xs, qs) = jax.lax.scan(
+        draft_one, (cache, fed, length + 1), (jnp.swapaxes(keys[:, 1:], 0, 1), proposed))
+    xs = jnp.concatenate([x1[:, None], jnp.swapaxes(xs, 0, 1)], axis=1)
+    qs = jnp.concatenate([q1[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+    return xs, qs, cache
+
+  def first_call(self, params, state) -> tuple[Array, dict]:
+    """A step's first draft call: the tokens at positions ℓ-1 and ℓ (the last emitted
+    token and the pending one t; at ℓ = 0, t and the slot above it, never attended) ->
+    (logits [B,1,V] at ℓ, cache of length ℓ+1). Needs ℓ_d >= ℓ-1 (`ready_to_draft`)."""
+    length = state.num_tokens - 1
+    base = jnp.maximum(length - 1, 0)  # [B]
+    at = base[:, None] + jnp.arange(2)[None, :]  # [B,2]
+    tokens = jnp.take_along_axis(state.tokens, at, axis=1)
+    logits, cache = forward(params, tokens, at, with_length(state.draft_state, base),
+                            config=self.config, logits_at=(length - base)[:, None])
+    return logits, with_length(cache, length + 1)
 
   def rollback(self, draft_state, *, length, new_length, skipped):
     if skipped:  # ℓ_d stays: `catch_up` feeds the skipped tokens before the next draft
       return draft_state
-    return with_length(draft_state, new_length)
+    # the cache holds ℓ+d positions (x_d never fed); emitted tokens past them wait for
+    # the next step's first call
+    return with_length(draft_state, jnp.minimum(new_length, draft_state["length"]))
 
   def room_to_skip(self, draft_state, length):
     return jnp.ones(length.shape, bool)  # the skipped tokens wait in the loop's buffer
 
   def ready_to_draft(self, draft_state, length):
-    return draft_state["length"] >= length
+    return draft_state["length"] >= length - 1  # the first call feeds ℓ-1 and ℓ
 
   def catch_up(self, params, target_params, state):
     """One cache-only call over tokens ℓ_d..ℓ_d+W-1 (W = CATCH_UP_WIDTH): ℓ_d advances by
@@ -118,18 +142,20 @@ class IndependentDraft(ModelDraft):
   def propose_tree(self, params, target_params, state, keys, *, shape, rule, warp_fn,
                    vocab_size, greedy, lookup=None):
     length = state.num_tokens - 1
-    logits, cache = forward(params, pending_tokens(state)[:, None], length[:, None],
-                            with_length(state.draft_state, length), config=self.config)
+    logits, cache = self.first_call(params, state)
 
-    def level(x, positions, cache, mask, parents, last, hiddens):
-      out = forward(params, x, positions, cache, config=self.config, return_logits=not last,
-                    attn_mask=mask)
-      return out[0], out[1], hiddens
+    def level(x, positions, cache, mask, parents, hiddens):
+      logits, cache = forward(params, x, positions, cache, config=self.config,
+                              attn_mask=mask)
+      return logits, cache, hiddens
 
     return tree_drafting.draft_levels(shape, rule, logits, cache, None, level, keys=keys,
                                       length=length, warp_fn=warp_fn, vocab_size=vocab_size,
                                       greedy=greedy, forced=lookup)
 
   def advance_tree(self, draft_state, *, length, new_length, path, call_path, target_features):
-    return with_length(tree_drafting.compact_path(draft_state, length, path), new_length)
+    # the deepest level is never fed: as a chain, the cache holds ℓ+D positions at most
+    depth = path.shape[1]
+    return with_length(tree_drafting.compact_path(draft_state, length, path),
+                       jnp.minimum(new_length, length + depth))
 

@@ -6,7 +6,8 @@ drafted so far, R query positions of one call. Node / position numbering as in
 node i).
 
 A model draft drafts a tree level by level (nodes numbered level by level): one draft
-call per depth over all nodes of that depth. Node i is written at draft slot ℓ+1+i, at
+call per depth 1..D-1 over all nodes of that depth (the depth-D nodes are drawn, never
+fed). Node i is written at draft slot ℓ+1+i, at
 position ℓ+depth(i), and attends the prefix slots <= ℓ and its own ancestors' slots
 (`tree_mask`). The children of a position are drawn per rule:
   'sampled': k children i.i.d. from q at that position (node i uses keys[:, i]);
@@ -105,11 +106,13 @@ def draft_levels(shape: TreeShape, rule: str, root_logits: Array, cache: dict, h
   (nodes int32 [B,N], q_at float32 [B,N+1,V] (zeros at depth-D positions), cache, scores
   float32 [B,N] (a dynamic tree) or None).
 
-  level_fn(x [B,n], positions [B,n], cache, mask [B,n,S], parents (static [n]), last,
-  hiddens) -> (logits [B,n,V] or None when last, cache, hiddens): one draft call over a
-  level's nodes; hiddens is whatever the kind carries from level to level. forced: (nodes
-  int32 [B,N], rows bool [B]) or None; on those rows the nodes are these instead of drawn
-  (a hybrid's lookup tree), so the calls, and the cache, see the tree the row proposes.
+  level_fn(x [B,n], positions [B,n], cache, mask [B,n,S], parents (static [n]), hiddens)
+  -> (logits [B,n,V], cache, hiddens): one draft call over a level's nodes, for depths
+  1..D-1; the depth-D nodes are drawn and never fed (as a chain never feeds x_d: the next
+  step's first call writes an accepted one). hiddens is whatever the kind carries from
+  level to level. forced: (nodes int32 [B,N], rows bool [B]) or None; on those rows the
+  nodes are these instead of drawn (a hybrid's lookup tree), so the calls, and the cache,
+  see the tree the row proposes.
   """
   rank = root_logits[:, :, :vocab_size]  # [B,P,V]: positions drafted so far
   q_at = warp_fn(root_logits)
@@ -126,14 +129,14 @@ def draft_levels(shape: TreeShape, rule: str, root_logits: Array, cache: dict, h
       parent_logits = rank[:, parents] / SELECTION_TEMPERATURE
       logq.append(jnp.take_along_axis(jax.nn.log_softmax(parent_logits, axis=-1),
                                       x[:, :, None], axis=2)[..., 0])
-    last = depth == len(spans)
+    if depth == len(spans):
+      break
     mask = tree_mask(shape, length, slots, np.arange(start, end) + 1)
     positions = jnp.broadcast_to((length + depth)[:, None], x.shape)
     logits, cache, hiddens = level_fn(x, positions, with_length(cache, length + 1 + start),
-                                      mask, parents, last, hiddens)
-    if not last:
-      rank = jnp.concatenate([rank, logits[..., :vocab_size]], axis=1)
-      q_at = jnp.concatenate([q_at, warp_fn(logits)], axis=1)
+                                      mask, parents, hiddens)
+    rank = jnp.concatenate([rank, logits[..., :vocab_size]], axis=1)
+    q_at = jnp.concatenate([q_at, warp_fn(logits)], axis=1)
   leaves = shape.num_nodes + 1 - q_at.shape[1]
   q_at = jnp.pad(q_at, ((0, 0), (0, leaves), (0, 0)))
   scores = None
