@@ -291,9 +291,11 @@ SECTIONS += (
             "Where the Qwen pair's γ = 3 step goes",
             "The run's own compiled loops, a plain step and a chain step of γ = 3, timed beside "
             "the step's pieces compiled alone (the target call over 1 and 4 tokens, the 0.5B "
-            "draft's call with its head and the cache-only call that ends each chain, the "
-            "verifier), in turn in one process, on the config's first prompt at batch 1. In "
-            "plain steps; the rest is the sampling, the caches' bookkeeping and the loop.",
+            "draft's call over one token and its two-token first call, the verifier; the "
+            "four-token and two-token calls also with every matmul a dot product instead of "
+            "the CPU's few-row multiply-sum), in turn in one process, on the config's first "
+            "prompt at batch 1. In plain steps; the rest is the sampling, the caches' "
+            "bookkeeping and the loop.",
             made_by="python scripts/profile_step.py --config=configs/qwen25_coder.py --gamma=3 "
                     f"--out={RESULTS_DIR}/profile_step_qwen25_coder.json"),
 )
