@@ -16,7 +16,7 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
                second: an independent draft's first call, which also writes the last
                step's accepted x_γ), and the verifier the step runs (`greedy_verify` at
                T = 0) on γ drafts; the target's γ+1-token call and the draft's two-token
-               call also with every matmul a `jnp.dot` (`models.model.dot_products_only`:
+               call also with every matmul a `jnp.dot` (`models.matmul.dot_products_only`:
                what the few-row multiply-sum of `out_major_matmul` saves).
 Every figure is in plain steps (seconds / plain step), so the step's split reads
   step = c_first + (γ-1)·c + v(γ+1)·t(1) + verifier + the rest,

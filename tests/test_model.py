@@ -9,9 +9,8 @@ import pytest
 
 from helpers import tiny_config, tiny_model
 from specdec_jax.models.layouts import serving_layout, stack_layers, unstack_layers
-from specdec_jax.models import model as model_module
-from specdec_jax.models.model import (ModelConfig, dot_products_only, forward, init_cache,
-                                      out_major_matmul, param_shapes)
+from specdec_jax.models.matmul import SKINNY_ROWS, dot_products_only, out_major_matmul
+from specdec_jax.models.model import ModelConfig, forward, init_cache, param_shapes
 
 
 def test_unstacked_layout_gives_the_same_logits_and_cache():
@@ -64,7 +63,7 @@ def test_out_major_matmul_takes_the_multiply_sum_for_a_few_rows(rows):
   w_t = jnp.asarray(rng.normal(size=(48, 32)), jnp.float32)
   x = jnp.asarray(rng.normal(size=(1, rows, 32)), jnp.float32)
   want = np.asarray(x) @ np.asarray(w_t).T
-  skinny = 2 <= rows <= model_module.SKINNY_ROWS
+  skinny = 2 <= rows <= SKINNY_ROWS
   for only_dots in (False, True):
     fn = jax.jit(lambda x, w: out_major_matmul(x, w))  # a fresh trace per setting
     with dot_products_only() if only_dots else contextlib.nullcontext():

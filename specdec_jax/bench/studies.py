@@ -23,7 +23,8 @@ import jax.numpy as jnp
 
 from specdec_jax.bench import timing
 from specdec_jax.gamma import adaptive
-from specdec_jax.models.model import ModelConfig, dot_products_only, forward, init_cache
+from specdec_jax.models.matmul import dot_products_only
+from specdec_jax.models.model import ModelConfig, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import DecodeSpec
@@ -68,7 +69,7 @@ def forward_call(params, config: ModelConfig, *, batch: int, tokens: int, contex
                  dot_products: bool = False) -> Callable[[], object] | None:
   """A zero-argument call for `timing` (which blocks on its result): one cached forward
   of `tokens` new tokens after `context` ones (logits_at_last: the head at the last token
-  only; dot_products: every matmul a `jnp.dot`, `models.model.dot_products_only`); config
+  only; dot_products: every matmul a `jnp.dot`, `models.matmul.dot_products_only`); config
   None (a draft without a model, see `Draft.model_config`) gives None. See
   `call_seconds`."""
   if config is None:

@@ -4,7 +4,7 @@ Params are stored and trained stacked (`layers` [L, ...], run under `nn.scan`) a
 input-major (q [D,N,H], gate [D,F], head [D,V]). Decoding on a CPU runs them per layer
 (`unstack_layers`: an unrolled loop, faster per token) and output-major (`serving_layout`:
 every block matmul and an untied head as `<name>_t` [out, in], computed by
-`model.out_major_matmul`; why: `model`'s module docstring). `stack_layers` undoes both.
+`matmul.out_major_matmul`; why: `model`'s module docstring). `stack_layers` undoes both.
 `forward` takes any of the three.
 """
 

@@ -33,7 +33,7 @@ Serving layout (`layouts.serving_layout`; decoding scripts use it). Stored input
 (gate [D,F]), a call over T tokens is x[T,D] @ W; on XLA:CPU that streams W at full
 bandwidth only for T = 1, and T = 4 (a verify call) costs about twice T = 1. Stored
 output-major (`gate_t` [F,D]), a call over 2..SKINNY_ROWS tokens on the CPU is a fused
-multiply-sum over rows of W^T that streams W once (`out_major_matmul`;
+multiply-sum over rows of W^T that streams W once (`matmul.out_major_matmul`;
 docs/background.md#cpu): the same products in another memory order.
 
 Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
@@ -58,7 +58,6 @@ where the target's features do not exist yet (the 2nd..γ-th drafted token).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 from typing import Any, NamedTuple
@@ -66,6 +65,8 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from specdec_jax.models.matmul import out_major_matmul
 
 Array = jax.Array
 Cache = dict[str, Array]
@@ -399,48 +400,6 @@ def param_shapes(config: ModelConfig) -> dict:
 
 def is_unstacked(params) -> bool:
   return "layers" not in params
-
-
-# XLA:CPU computes w_t @ x^T for one row as a matrix-vector product that streams w_t once,
-# but for a few rows as a general matrix product that costs about twice as much or more
-# (a verify call, a two-token draft call). For 2..SKINNY_ROWS rows of float32, a program
-# lowered for the CPU (`lax.platform_dependent`; a TPU or GPU program keeps the dot) writes
-# the product as a broadcast multiply and a sum over I instead, which XLA fuses into one
-# pass over w_t; past 4 rows that fusion is not reliably faster (docs/background.md#cpu).
-SKINNY_ROWS = 4
-_skinny = [True]
-
-
-@contextlib.contextmanager
-def dot_products_only():
-  """Within: every out-major product a program traces is a `jnp.dot` on every platform
-  (to time what the multiply-sum saves). A program traced before keeps its choice: give
-  the programs traced within a jitted function of their own."""
-  _skinny.append(False)
-  try:
-    yield
-  finally:
-    _skinny.pop()
-
-
-def _dot(flat: Array, w_t: Array) -> Array:
-  return jnp.dot(w_t, flat.T).T
-
-
-def _multiply_sum(flat: Array, w_t: Array) -> Array:
-  return jnp.sum(w_t[None] * flat[:, None, :], axis=-1)
-
-
-def out_major_matmul(x: Array, w_t: Array) -> Array:
-  """x[..., I] @ w_t[O, I].T -> [..., O] as w_t @ x^T (the serving layout: module docstring);
-  on the CPU 2..SKINNY_ROWS float32 rows of x as a fused multiply-sum (see SKINNY_ROWS)."""
-  flat = x.reshape(-1, x.shape[-1])
-  if (2 <= flat.shape[0] <= SKINNY_ROWS and w_t.dtype == flat.dtype == jnp.float32
-      and _skinny[-1]):
-    out = jax.lax.platform_dependent(flat, w_t, cpu=_multiply_sum, default=_dot)
-  else:
-    out = _dot(flat, w_t)
-  return out.reshape(x.shape[:-1] + (w_t.shape[0],))
 
 
 def forward(params, tokens: Array, positions: Array, cache: Cache, *,
