@@ -132,9 +132,9 @@ def _prefill(pair_config, params, tokens, **kw):
     pytest.param("model", DYNAMIC, marks=pytest.mark.slow)])
 def test_caches_after_a_tree_step_equal_a_fresh_prefill(model_pair, feature_pair, kind, shape):
   """K/V of the emitted prefix (slots 0..num_tokens-2) == a prefill of those tokens, in
-  the target cache and, but for a depth-D node never fed, an independent draft's; a feature draft's `features` == the
-  target's features at ℓ_old .. new ℓ - 1. A dynamic tree's path comes from its call
-  slots, not its candidate numbering."""
+  the target cache and, but for a depth-D node never fed, an independent draft's; a
+  feature draft's `features` == the target's features at ℓ_old .. new ℓ - 1. A dynamic
+  tree's path comes from its call slots, not its candidate numbering."""
   pair = model_pair if kind == "model" else feature_pair
   target, tp, draft, dp = pair
   before, state = _one_tree_step(pair, shape, "topk", SamplingConfig(1.0))

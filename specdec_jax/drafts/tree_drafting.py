@@ -8,7 +8,8 @@ node i).
 A model draft drafts a tree level by level (nodes numbered level by level): one draft
 call per depth 1..D-1 over all nodes of that depth (the depth-D nodes are drawn, never
 fed). Node i is written at draft slot ℓ+1+i, at position ℓ+depth(i), and attends the
-prefix slots <= ℓ and its own ancestors' slots (`tree_mask`). The children of a position are drawn per rule:
+prefix slots <= ℓ and its own ancestors' slots (`tree_mask`). The children of a position
+are drawn per rule:
   'sampled': k children i.i.d. from q at that position (node i uses keys[:, i]);
   'topk':    the k most likely tokens of the draft's logits there (deterministic; at
              T=0 a greedy draft's top-k, not k copies of its argmax).
