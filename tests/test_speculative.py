@@ -105,10 +105,12 @@ def test_draft_equal_to_target_accepts_everything(tiny_pair):
 
 @pytest.mark.parametrize("gamma", [1, 3])
 def test_an_independent_chain_makes_gamma_draft_calls(tiny_pair, monkeypatch, gamma):
-  """A chain step of an independent draft calls its model γ times over γ+1 tokens: a
-  first call over the last emitted token and the pending one (it writes the last step's
-  accepted x_γ), then γ-1 single tokens; no cache-only call for x_γ (which would make γ+1
-  calls). Counted eagerly (`jax.disable_jit`: the scan runs as a Python loop)."""
+  """A chain step of an independent draft calls its model γ times: single tokens where no
+  row's cache lags (after the prefill, or a step with a rejection), and where one lags (its
+  last step accepted x_γ) a first call over the last emitted token and the pending one,
+  then γ-1 single tokens; never a cache-only call for x_γ (which would make γ+1 calls).
+  The two first calls give the same drafts. Counted eagerly (`jax.disable_jit`: the scan
+  runs as a Python loop, `lax.cond` runs one branch)."""
   from specdec_jax.drafts import independent
   target, tp, draft, dp = tiny_pair
   prepared, state = prepared_state(tiny_pair, DecodeSpec(10, FixedGamma(gamma)), seed=0)
@@ -122,13 +124,24 @@ def test_an_independent_chain_makes_gamma_draft_calls(tiny_pair, monkeypatch, ga
   model_draft = prepared.draft
   assert isinstance(model_draft, independent.IndependentDraft)
   keys = jax.random.split(jax.random.PRNGKey(0), len(PROMPTS) * gamma).reshape(-1, gamma, 2)
-  with jax.disable_jit():
-    xs, qs, _ = model_draft.propose(
-        dp, tp, state, keys, plan=model_draft.plan(state, gamma),
-        chosen=jnp.full(len(PROMPTS), gamma), warp_fn=lambda x: jax.nn.softmax(x, -1),
-        greedy=False, vocab_size=target.vocab_size)
+
+  def propose(state):
+    widths.clear()
+    with jax.disable_jit():
+      return model_draft.propose(
+          dp, tp, state, keys, plan=model_draft.plan(state, gamma),
+          chosen=jnp.full(len(PROMPTS), gamma), warp_fn=lambda x: jax.nn.softmax(x, -1),
+          greedy=False, vocab_size=target.vocab_size)
+
+  xs, qs, _ = propose(state)
   assert xs.shape == (len(PROMPTS), gamma) and qs.shape[:2] == xs.shape
+  assert widths == [1] * gamma  # the prefill leaves ℓ_d = ℓ
+  lengths = state.draft_state["length"]
+  lagging = state.replace(draft_state={**state.draft_state, "length": lengths.at[0].add(-1)})
+  xs_lag, qs_lag, _ = propose(lagging)
   assert widths == [2] + [1] * (gamma - 1)
+  np.testing.assert_array_equal(xs_lag, xs)
+  np.testing.assert_allclose(qs_lag, qs, atol=1e-5)
 
 
 def test_max_new_tokens_cuts_the_last_block(tiny_pair):

@@ -3,15 +3,17 @@
 Letters: B batch, d drafted tokens this step, V vocabulary, N tree nodes, D tree depth.
 
 One chain step for row b (length ℓ = num_tokens[b]-1, pending token t):
-  1. the first call feeds the two tokens at positions ℓ-1 and ℓ (the last emitted token
-     and t; `first_call`) and samples x_1 ~ q_1 = warp(draft logits at ℓ);
+  1. the first call feeds t at position ℓ, together with the last emitted token at ℓ-1
+     where a row's cache lags by one (`first_call`), and samples x_1 ~ q_1 = warp(draft
+     logits at ℓ);
   2. a `lax.scan` of d-1 cached calls feeds x_1, .., x_{d-1}, sampling x_2, .., x_d.
 The step makes d draft calls: x_d is never fed. After the verifier accepts n of the row's
 proposals the cache holds the emitted tokens up to min(ℓ+n+1, ℓ+d) (`rollback`), so it
 lags the new ℓ by one exactly when n = d, and the next step's first call writes that
 token (x_d) together with the new pending one: ℓ_d >= ℓ-1 is all a step needs
-(`ready_to_draft`). Where ℓ_d = ℓ the first call rewrites slot ℓ-1 with the key/value it
-already holds.
+(`ready_to_draft`). A step after which no row lags feeds the pending token alone; where
+some rows lag, every row takes the two-token call, and a row with ℓ_d = ℓ rewrites slot
+ℓ-1 with the key/value it already holds.
 Under gamma 'auto' a step in which no row drafts skips the draft (`skip_lag` =
 CATCH_UP_WIDTH > 0): its cache length ℓ_d stays, and before the next step that drafts
 one cache-only call per CATCH_UP_WIDTH skipped tokens feeds tokens ℓ_d..ℓ-1 (`catch_up`),
@@ -102,15 +104,27 @@ class IndependentDraft(ModelDraft):
     return xs, qs, cache
 
   def first_call(self, params, state) -> tuple[Array, dict]:
-    """A step's first draft call: the tokens at positions ℓ-1 and ℓ (the last emitted
-    token and the pending one t; at ℓ = 0, t and the slot above it, never attended) ->
-    (logits [B,1,V] at ℓ, cache of length ℓ+1). Needs ℓ_d >= ℓ-1 (`ready_to_draft`)."""
+    """A step's first draft call -> (logits [B,1,V] at ℓ, cache of length ℓ+1). Where a
+    row's cache lags (ℓ_d = ℓ-1: its last step accepted every draft), the call feeds the
+    tokens at positions ℓ-1 and ℓ (the last emitted token and the pending one t; at ℓ = 0,
+    t and the slot above it, never attended); where no row lags, the pending token alone
+    (`lax.cond`: one call of the two is run). Needs ℓ_d >= ℓ-1 (`ready_to_draft`)."""
     length = state.num_tokens - 1
-    base = jnp.maximum(length - 1, 0)  # [B]
-    at = base[:, None] + jnp.arange(2)[None, :]  # [B,2]
-    tokens = jnp.take_along_axis(state.tokens, at, axis=1)
-    logits, cache = forward(params, tokens, at, with_length(state.draft_state, base),
-                            config=self.config, logits_at=(length - base)[:, None])
+
+    def pending_only():
+      tokens = jnp.take_along_axis(state.tokens, length[:, None], axis=1)
+      return forward(params, tokens, length[:, None], with_length(state.draft_state, length),
+                     config=self.config)
+
+    def with_last_emitted():
+      base = jnp.maximum(length - 1, 0)  # [B]
+      at = base[:, None] + jnp.arange(2)[None, :]  # [B,2]
+      tokens = jnp.take_along_axis(state.tokens, at, axis=1)
+      return forward(params, tokens, at, with_length(state.draft_state, base),
+                     config=self.config, logits_at=(length - base)[:, None])
+
+    lags = jnp.any(state.draft_state["length"] < length)
+    logits, cache = jax.lax.cond(lags, with_last_emitted, pending_only)
     return logits, with_length(cache, length + 1)
 
   def rollback(self, draft_state, *, length, new_length, skipped):
