@@ -13,14 +13,16 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
                step (every row proposes γ each step);
   pieces       each compiled alone at the prompt's context: the target call over 1 and over
                γ+1 tokens, the draft call over one token and over two (the head at the
-               second: an independent draft's first call, which also writes the last
-               step's accepted x_γ), and the verifier the step runs (`greedy_verify` at
-               T = 0) on γ drafts; the target's γ+1-token call and the draft's two-token
-               call also with every matmul a `jnp.dot` (`models.matmul.dot_products_only`:
-               what the few-row multiply-sum of `out_major_matmul` saves).
+               second: an independent draft's first call in a step after one that
+               accepted all γ, which also writes that x_γ), and the verifier the step runs
+               (`greedy_verify` at T = 0) on γ drafts; the target's γ+1-token call and the
+               draft's two-token call also with every matmul a `jnp.dot`
+               (`models.matmul.dot_products_only`: what the few-row multiply-sum of
+               `out_major_matmul` saves).
 Every figure is in plain steps (seconds / plain step), so the step's split reads
   step = c_first + (γ-1)·c + v(γ+1)·t(1) + verifier + the rest,
-c_first being the two-token call for an independent draft (alone or in a hybrid), c for
+c_first being, for an independent draft (alone or in a hybrid), the two-token call in the
+share of timed steps that follow a step which accepted all γ and c in the others; c for
 other kinds (a feature draft's first call re-reads its window: its own cost, not timed),
 the rest being the sampling and warps, the caches' bookkeeping and the loop itself: what
 the pieces alone do not show. A piece called alone also pays one host dispatch (a fraction
@@ -39,7 +41,8 @@ from ml_collections import config_flags
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
 CONFIG_SHAPES_ONLY = "random_weights"  # with it, the models' shapes alone are read
 CONFIG_READS = (
-    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
+    "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "verifier", "temperature", "top_k",
     "top_p", "seed")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
@@ -146,11 +149,15 @@ def main(argv):
   plain_s = seconds["plain step"]
   unit = {name: s / plain_s for name, s in seconds.items()}
   tokens = np.asarray(results["chain step"].accepted)[0, -steps:] + 1
-  # a chain: γ draft calls, an independent draft's first one over two tokens
-  first = "draft call, 2 tokens" if isinstance(getattr(draft, "inner", draft),
-                                               IndependentDraft) else "draft call"
+  # a chain: γ draft calls; an independent draft's first one takes two tokens in a step
+  # after one that accepted all γ (the first timed step follows the prefill: one token)
+  two_token_share = 0.0
+  if isinstance(getattr(draft, "inner", draft), IndependentDraft):
+    two_token_share = float(np.mean(np.concatenate([[False], tokens[:-1] == gamma + 1])))
+  first = (two_token_share * unit.get("draft call, 2 tokens", 0.0)
+           + (1 - two_token_share) * unit.get("draft call", 0.0))
   split = {
-      "draft calls": unit.get(first, 0.0) + (gamma - 1) * unit.get("draft call", 0.0),
+      "draft calls": first + (gamma - 1) * unit.get("draft call", 0.0),
       "target call": unit[f"target call, {gamma + 1} tokens"],
       "verifier": unit["verifier"],
   }
@@ -167,7 +174,8 @@ def main(argv):
   print(f"c = {c:.3f}  v({gamma + 1}) = {v:.2f}  gamma c + v = {model_cost:.2f} target-call "
         f"times; the step is {unit['chain step'] / unit['target call, 1 token']:.2f} of them "
         f"({unit['chain step'] / unit['target call, 1 token'] / model_cost - 1:+.0%}); "
-        f"tokens per step in the timed steps {tokens.mean():.2f}")
+        f"tokens per step in the timed steps {tokens.mean():.2f}, first draft calls over two "
+        f"tokens {two_token_share:.0%}")
   table = None
   if _STEP_COSTS.value >= 1:
     from specdec_jax.gamma.machine_costs import measure_steps
@@ -184,7 +192,7 @@ def main(argv):
         random_weights=bool(_RANDOM.value), dtype=str(pair.target_config.dtype),
         context=context, temperature=pair.sampling.temperature,
         seconds=seconds, plain_steps=unit, split=split, c=c, v=v, modelled_step=model_cost,
-        tokens_per_step=float(tokens.mean())))
+        tokens_per_step=float(tokens.mean()), two_token_first_calls=two_token_share))
     print(f"wrote {_OUT.value}")
 
 
