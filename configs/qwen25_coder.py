@@ -15,6 +15,9 @@ downloads: without `make qwen` the loader says to run it.
 The draft is an independent model (its own cache) on the target's vocabulary of 151,936
 tokens. --config.draft=hybrid:3 --config.feature_draft=qwen2.5-coder-0.5b puts a prompt
 lookup in front of it; --config.tree=2,2,1 drafts token trees.
+--config.draft_head_tokens=configs/head_tokens/qwen25_coder.json --config.draft_head_size=C
+cuts the draft's head to the C ids the target emits most often ("A smaller draft head" in
+docs/background.md; scripts/head_study.py measures α and c for each C).
 
 Memory: about 10 GB of RAM for the pair in float32 (the 1.5B dequantized is 7.1 GB, the
 0.5B 2.5 GB, each with its own untied output head), plus the caches. bfloat16

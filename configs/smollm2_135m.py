@@ -39,6 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.draft_model = ml_collections.ConfigDict(dict(
       num_layers=2, embed_dim=256, mlp_dim=768, num_heads=4, num_kv_heads=2, head_dim=64,
       tie_embeddings=False))
+  # A vocabulary-subset head for an independent model draft (alone or inside a hybrid):
+  # its C = draft_head_size most frequent ids of a scripts/head_tokens.py file; 0 = full.
+  c.draft_head_tokens = ""
+  c.draft_head_size = 0
   c.dtype = "float32"  # bfloat16 is far slower on XLA:CPU (docs/background.md#cpu)
   c.max_seq_len = 1024
   # per-layer params: an unrolled layer loop, faster per token on CPU (docs/background.md#cpu)

@@ -20,6 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
       seed=1, logit_scale=4.0))
   c.draft = "truncate:1"
   c.feature_draft = ""  # the feature draft of a 'hybrid:<n>' draft, e.g. 'saved:<dir>'
+  c.draft_head_tokens = ""  # a vocabulary-subset draft head (configs/smollm2_135m.py)
+  c.draft_head_size = 0
   c.draft_model = ml_collections.ConfigDict(dict(
       num_layers=1, embed_dim=64, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=32))
   c.dtype = "float32"

@@ -46,7 +46,8 @@ from specdec_jax.loading import load_pair
 
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
 CONFIG_READS = (
-    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
+    "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "costs",
     "verifier", "top_k", "top_p", "max_new_tokens", "seed"
 )

@@ -30,7 +30,8 @@ from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
 
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
 CONFIG_READS = (
-    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
+    "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "gamma", "verifier", "temperature",
     "top_k", "top_p", "max_new_tokens", "batch_size", "seed", "mesh", "distributed", "repeats"
 )

@@ -28,7 +28,8 @@ from ml_collections import config_flags
 CONFIG_FAMILY = "run"
 CONFIG_SHAPES_ONLY = True  # models' shapes and meshes for other devices (config_fields)
 CONFIG_READS = (
-    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model", "dtype",
+    "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
+    "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "gamma", "gamma_max", "verifier", "tree", "temperature", "max_new_tokens",
     "batch_size", "mesh")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py run config",

@@ -168,6 +168,31 @@ def check_costs(value, config):
   load_pinned_table(value, gamma_max=gamma_max if is_int(gamma_max) else None)
 
 
+def check_head_tokens(value, config):
+  """A head-tokens file (`io.head_tokens`) that parses and suits config.draft_head_size."""
+  if not value:
+    return
+  from specdec_jax.io import head_tokens
+  record = head_tokens.read(value)
+  size = config.get("draft_head_size", 0)
+  if is_int(size) and not 0 <= size < record["vocab_size"]:
+    raise ValueError(f"{value!r} is for a vocabulary of {record['vocab_size']} ids: "
+                     f"config.draft_head_size must lie in [0, {record['vocab_size']}), got {size}")
+
+
+def check_head_size(value, config):
+  """A subset head needs its file and a model draft to cut (a lookup has no head)."""
+  from specdec_jax.drafts import registry
+  if not value:
+    return
+  if not config.get("draft_head_tokens", ""):
+    raise ValueError(f"= {value} needs config.draft_head_tokens (a file of "
+                     "scripts/head_tokens.py)")
+  draft = str(config.get("draft", ""))
+  if draft == "none" or (registry.is_registered(draft) and not registry.needs_inner(draft)):
+    raise ValueError(f"= {value} cuts a model draft's head, and draft {draft!r} has none")
+
+
 def check_max_new_tokens(value, config):
   limit = config.get("max_seq_len", None)
   if is_int(limit) and value >= limit:

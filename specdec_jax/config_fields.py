@@ -145,6 +145,11 @@ def _only_with_wrapping_draft(config):
       f"inside a wrapping kind such as 'hybrid:<n>')"
 
 
+def _only_with_head_size(config):
+  return None if config.get("draft_head_size", 0) else \
+      "config.draft_head_size is 0 (the draft keeps its full head)"
+
+
 def _only_with_random_draft(config):
   return None if config.get("draft", "") == "random" else \
       "the draft is not 'random' (the dims are those of a random draft)"
@@ -174,6 +179,9 @@ RUN = _family({
                                      check=lambda v, c: v and checks.model_name_check("draft")(v, c),
                                      off="", used=_only_with_wrapping_draft)),
     "draft_model": (("dims",), dict(used=_only_with_random_draft)),
+    "draft_head_tokens": (("str",), dict(path="read", check=checks.check_head_tokens, off="",
+                                         used=_only_with_head_size)),
+    "draft_head_size": (("int", 0, None), dict(check=checks.check_head_size, off=0)),
     "dtype": (("str",), dict(check=checks.choices("float32", "bfloat16", "float16"))),
     "max_seq_len": (("int", 8, SEQ_LEN_LIMIT), {}),
     "unstacked": (("bool",), {}),

@@ -139,17 +139,50 @@ def _registered_draft(name: str, feature_draft: str | None, load_inner):
   return registry.make(name, inner), extra
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadSubset:
+  """A vocabulary-subset head for a model draft: the C = `size` most frequent ids of the
+  head-tokens file `tokens` (`io.head_tokens`); size 0 = the draft's own full head."""
+
+  tokens: str = ""
+  size: int = 0
+
+  @classmethod
+  def of(cls, config) -> "HeadSubset":
+    """config.draft_head_tokens and config.draft_head_size (absent: the full head)."""
+    return cls(str(config.get("draft_head_tokens", "") or ""),
+               int(config.get("draft_head_size", 0) or 0))
+
+  def ids(self, vocab_size: int, tokenizer_identity: str | None = None) -> tuple[int, ...]:
+    from specdec_jax.io import head_tokens
+    return head_tokens.choose(self.tokens, self.size, vocab_size=vocab_size,
+                              tokenizer_identity=tokenizer_identity)
+
+
 def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *, dims=None,
-               seed: int = 0, feature_draft: str | None = None):
+               seed: int = 0, feature_draft: str | None = None,
+               head: HeadSubset = HeadSubset()):
   """(config, params) of the draft: a model draft's ModelConfig and params, a registered
   kind's Draft (`drafts.registry`: (NgramDraft, None) for 'ngram:<n>'; for 'hybrid:<n>' a
   HybridDraft around the model draft named `feature_draft` (a feature or an independent
-  one), with its params), (None, None) for 'none'."""
+  one), with its params), (None, None) for 'none'. `head` cuts the (inner) model draft's
+  head to a vocabulary subset (`io.head_tokens.cut_head`; independent drafts only)."""
   if name in ("none", "", None):
     return None, None
   if registry.is_registered(name):
     return _registered_draft(name, feature_draft, lambda inner: load_draft(
-        inner, tokenizer, target_config, target_params, dims=dims, seed=seed))
+        inner, tokenizer, target_config, target_params, dims=dims, seed=seed, head=head))
+  cfg, params = _load_model_draft(name, tokenizer, target_config, target_params, dims=dims,
+                                  seed=seed)
+  if head.size:
+    from specdec_jax.io.head_tokens import cut_head
+    cfg, params = cut_head(cfg, params, head.ids(cfg.vocab_size, tokenizer.identity))
+  return cfg, params
+
+
+def _load_model_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *,
+                      dims, seed: int):
+  """(config, params) of a model draft named `name` (see `load_draft`)."""
   if name.startswith("saved:"):
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
@@ -215,7 +248,7 @@ def model_config_of(name: str, *, vocab_size: int | None = None, dims=None,
 
 
 def draft_config_of(name: str, target_config: ModelConfig, *, dims=None,
-                    feature_draft: str | None = None):
+                    feature_draft: str | None = None, head: HeadSubset = HeadSubset()):
   """What `load_draft` gives in place of (config, params), from headers alone: (a model
   draft's ModelConfig or a registered kind's Draft, whether it has params); (None, False)
   for 'none'. Model drafts take the target's dtype and max_seq_len, as they decode."""
@@ -223,8 +256,19 @@ def draft_config_of(name: str, target_config: ModelConfig, *, dims=None,
     return None, False
   if registry.is_registered(name):
     draft, has_params = _registered_draft(name, feature_draft, lambda inner: draft_config_of(
-        inner, target_config, dims=dims))
+        inner, target_config, dims=dims, head=head))
     return draft, bool(has_params)
+  cfg, has_params = _model_draft_config_of(name, target_config, dims=dims)
+  if head.size:
+    if cfg.reads_target_features or cfg.head_tokens:
+      raise ValueError(f"draft {name!r}: a subset head (config.draft_head_size) is cut from "
+                       "an independent draft with a full head")
+    cfg = cfg.replace(tie_embeddings=False, head_tokens=head.ids(cfg.vocab_size))
+  return cfg, has_params
+
+
+def _model_draft_config_of(name: str, target_config: ModelConfig, *, dims):
+  """(ModelConfig, True) of a model draft named `name`, from headers alone."""
   same = dict(dtype=target_config.dtype, max_seq_len=target_config.max_seq_len)
   if name.startswith("truncate:"):
     return target_config.replace(num_layers=int(name.split(":", 1)[1])), True
@@ -314,7 +358,8 @@ def load_models(config, drafts) -> Models:
   for name, spec in drafts:
     cfg, params = load_draft(spec, tokenizer, target_cfg, target_params,
                              dims=config.draft_model, seed=config.seed,
-                             feature_draft=config.get("feature_draft", None))
+                             feature_draft=config.get("feature_draft", None),
+                             head=HeadSubset.of(config))
     if params is not None:
       params = as_jax(serving_layout(params) if unstacked else params)
     loaded[name] = (spec, cfg, params)

@@ -39,7 +39,7 @@ from specdec_jax.decoding import loop, parallel
 from specdec_jax.decoding.spec import VERIFIERS, AutoGamma, DecodeSpec, FixedGamma, TreeProposal
 from specdec_jax.decoding.state import init_state
 from specdec_jax.drafts import registry
-from specdec_jax.loading import draft_config_of, model_config_of
+from specdec_jax.loading import HeadSubset, draft_config_of, model_config_of
 from specdec_jax.models import sharding
 from specdec_jax.models.layouts import SERVING_MATMULS, unstack_layers
 from specdec_jax.models.model import ModelConfig, forward, init_cache, param_shapes
@@ -219,7 +219,7 @@ def plan_models(config, dtype: str | None = None):
     if name == "none":
       continue
     cfg, has_params = draft_config_of(name, target, dims=config.draft_model,
-                                      feature_draft=feature_draft)
+                                      feature_draft=feature_draft, head=HeadSubset.of(config))
     draft = registry.as_draft(cfg)
     kind = ("lookup" if not has_params else "hybrid" if registry.needs_inner(name) else
             "feature" if draft.model_config.reads_target_features else "independent")

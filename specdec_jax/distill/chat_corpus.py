@@ -71,13 +71,22 @@ def load_instructions(path: str | os.PathLike = INSTRUCTIONS) -> list[str]:
 
 
 def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[str], *,
-                         tokenizer, target_params, target_config: ModelConfig,
-                         target_identity: str, samples: int = 1, max_new_tokens: int = 256,
-                         batch_size: int = 16, temperature: float = 0.7, top_p: float = 1.0,
-                         seed: int = 0, log: Callable[[str], None] = print
-                         ) -> dict[str, np.ndarray]:
+                         tokenizer, samples: int = 1, **settings) -> dict[str, np.ndarray]:
   """{'chat-<i>': int32 tokens of instruction i's samples} (see the module docstring),
-  generating (or resuming, or reusing) the cached answers."""
+  generating (or resuming, or reusing) the cached answers (`generate_answers`)."""
+  answers, prompts = generate_answers(cache_dir, instructions, tokenizer=tokenizer,
+                                      samples=samples, **settings)
+  return _documents(answers, prompts, samples, tokenizer.eos_id)
+
+
+def generate_answers(cache_dir: str | os.PathLike, instructions: Sequence[str], *,
+                     tokenizer, target_params, target_config: ModelConfig,
+                     target_identity: str, samples: int = 1, max_new_tokens: int = 256,
+                     batch_size: int = 16, temperature: float = 0.7, top_p: float = 1.0,
+                     seed: int = 0, log: Callable[[str], None] = print
+                     ) -> tuple[dict[tuple[int, int], list[int]], list[list[int]]]:
+  """({(sample, instruction): the target's answer tokens}, each instruction's prompt
+  tokens): the cached answers, generating (or resuming) the missing ones."""
   from specdec_jax.models.sampling import SamplingConfig
   from specdec_jax.decoding.loop import autoregressive_generate
   from specdec_jax.decoding.spec import DecodeSpec
@@ -135,7 +144,7 @@ def generate_chat_corpus(cache_dir: str | os.PathLike, instructions: Sequence[st
         answers |= {(s, i): rec["response"] for (s, i), rec in zip(batch, records)}
         bar.update(len(batch))
         bar.set_postfix(tokens=sum(len(r["response"]) for r in records))
-  return _documents(answers, prompts, samples, tokenizer.eos_id)
+  return {k: v for k, v in answers.items() if k[0] < samples}, prompts
 
 
 def _read_answers(directory: pathlib.Path) -> dict[tuple[int, int], list[int]]:

@@ -182,11 +182,11 @@ def frequent_tokens(tokens, count: int, vocab_size: int, always=()) -> tuple[int
     raise ValueError(f"head vocabulary of {count} tokens must lie in [1, {vocab_size}]")
   if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab_size):
     raise ValueError(f"token ids must lie in [0, {vocab_size}), got {tokens.min()}..{tokens.max()}")
-  return _top_ids(np.bincount(tokens, minlength=vocab_size).astype(np.float64), count,
+  return top_ids(np.bincount(tokens, minlength=vocab_size).astype(np.float64), count,
                   always)
 
 
-def _top_ids(score: np.ndarray, count: int, always) -> tuple[int, ...]:
+def top_ids(score: np.ndarray, count: int, always) -> tuple[int, ...]:
   """Sorted ids: `always` and, filling `count`, the highest `score`s (ties: lower id)."""
   vocab_size = score.size
   always = sorted({int(t) for t in always})
@@ -297,7 +297,7 @@ class Mixture:
       score += np.bincount(tokens, minlength=vocab_size) * (weight / tokens.size)
     if not 0 < count <= vocab_size:
       raise ValueError(f"head vocabulary of {count} tokens must lie in [1, {vocab_size}]")
-    return _top_ids(score, count, always)
+    return top_ids(score, count, always)
 
   def windows(self, num: int, seq_len: int, seed: int) -> np.ndarray:
     """int32 [num, seq_len]: distinct non-overlapping training spans, `allocate(num,
