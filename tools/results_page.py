@@ -17,6 +17,8 @@ measured on a clean commit (`left_out`), and a table holds one machine's figures
   gamma_rules  scripts/gamma_policy_study.py --out: γ rules replayed on greedy decodes
   tpu_plan     scripts/tpu_plan.py --out: every decode path compiled for a TPU topology,
                memory per chip and a roofline per chip (tools/results_tpu.py)
+  profile_step scripts/profile_step.py --out: a chain step beside its pieces
+  head_study   scripts/head_study.py --out: vocabulary-subset draft heads, α and c per size
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -298,6 +300,17 @@ SECTIONS += (
             "bookkeeping and the loop.",
             made_by="python scripts/profile_step.py --config=configs/qwen25_coder.py --gamma=3 "
                     f"--out={RESULTS_DIR}/profile_step_qwen25_coder.json"),
+    Section("head-subset-qwen", "head_subset_qwen25_coder.json", "head_study",
+            "Vocabulary-subset heads for the Qwen pair's 0.5B draft",
+            "The 0.5B draft with its full head and with its head cut to the C ids most "
+            "frequent in the 1.5B target's own answers to the distillation instructions "
+            "(configs/head_tokens/qwen25_coder.json), on the 18 held-out prompts: α along the "
+            "target's greedy answers, read for every C from one forward of each model, the "
+            "share of answer tokens a subset can propose, and each head's one-token call "
+            "timed in turn with the target's calls (c, v).",
+            made_by="python scripts/head_study.py --config=configs/heldout_qwen25_coder.py "
+                    "--head_tokens=configs/head_tokens/qwen25_coder.json "
+                    f"--out={RESULTS_DIR}/head_subset_qwen25_coder.json"),
 )
 
 
@@ -384,13 +397,15 @@ TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fre
           "tree_study": results_tables.tree_table,
           "gamma_rules": results_tables.gamma_rules_table,
           "tpu_plan": results_tpu.tpu_plan_table,
-          "profile_step": results_tables.profile_step_table}
+          "profile_step": results_tables.profile_step_table,
+          "head_study": results_tables.head_study_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
              "distill_curve": results_tables.distill_headline,
              "tree_study": results_tables.tree_headline,
              "gamma_rules": results_tables.gamma_rules_headline,
              "tpu_plan": results_tpu.tpu_plan_headline,
-             "profile_step": results_tables.profile_step_headline}
+             "profile_step": results_tables.profile_step_headline,
+             "head_study": results_tables.head_study_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

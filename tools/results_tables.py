@@ -554,3 +554,42 @@ def profile_step_headline(title: str, doc: dict) -> list[tuple[str, str]]:
                   f"target call {split['target call'] / unit['chain step']:.0%}, draft calls "
                   f"{split['draft calls'] / unit['chain step']:.0%}, the rest "
                   f"{rest / unit['chain step']:.0%}")]
+
+
+def head_study_table(doc: dict) -> list[str]:
+  """scripts/head_study.py --out: α, coverage, c and the predicted speedup per head size."""
+  v = " ".join(f"{k}: {x:.2f}" for k, x in doc["verify_costs"].items())
+  lines = [f"{doc['prompts']} prompts ({doc['prompt_set'] or 'the config prompts'}), their "
+           f"greedy answers of up to {doc['max_new_tokens']} tokens ({doc['answer_tokens']} "
+           f"answer tokens); calls timed at context {doc['context']}, median of "
+           f"{doc['repeats']} rounds; target call {doc['target_call_seconds'] * 1e3:.1f} ms, "
+           f"v(k) {v}; head tokens from `{doc['head_tokens']}`.", ""]
+
+  def best(speedups):
+    g = max(speedups, key=speedups.get)
+    return f"{speedups[g]:.2f}x at γ = {g}"
+
+  lines += table(["head", "answer tokens inside", "α at T = 0", "α at T = 1", "c",
+                  "predicted, T = 0", "predicted, T = 1"],
+                 [["full (" + f"{r['head_size']:,}" + ")" if r["full"] else f"{r['head_size']:,}",
+                   f"{r['coverage']:.1%}", num(r["alpha_t0"], ".3f"), num(r["alpha_t1"], ".3f"),
+                   num(r["c"], ".3f"), best(r["predicted_speedup"]["t0"]),
+                   best(r["predicted_speedup"]["t1"])] for r in doc["rows"]])
+  lines += ["", "Predicted: E(α, γ) / (γc + v(γ+1)) at the best γ of 1..4 (a chain of the "
+            "independent draft; a prediction from the measured α, c and v, not a timed run)."]
+  return lines
+
+
+def head_study_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """The full head beside the subset with the best predicted speedup at T = 0."""
+  full = next(r for r in doc["rows"] if r["full"])
+  subsets = [r for r in doc["rows"] if not r["full"]]
+  top = max(subsets, key=lambda r: max(r["predicted_speedup"]["t0"].values()))
+
+  def pred(r):
+    return max(r["predicted_speedup"]["t0"].values())
+
+  return [(title, f"C = {top['head_size']:,}: c {top['c']:.3f} against {full['c']:.3f} for the "
+                  f"full head, α at T = 0 {top['alpha_t0']:.3f} against "
+                  f"{full['alpha_t0']:.3f}; predicted {pred(top):.2f}x against "
+                  f"{pred(full):.2f}x")]
