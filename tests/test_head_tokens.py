@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -148,3 +149,41 @@ def test_script_ranks_the_targets_answers_and_a_run_uses_them(tmp_path):
   proc = _script("generate.py", "--config=configs/tiny.py", "--prompt=abc", "--json",
                  f"--config.draft_head_tokens={out}", "--config.draft_head_size=40")
   assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_head_study_reads_alpha_and_coverage_for_every_subset():
+  """α of the full head along the target's greedy answers is 1 for the target as its own
+  draft; a subset holding none of the answer tokens covers none and, at T = 0, accepts
+  none; the ids of the answers alone cover all, and then α at T = 0 is the full head's
+  whenever the draft's argmax is an answer token (here: the target itself)."""
+  from specdec_jax import Model
+  from specdec_jax.bench import head_study
+  target, tp, draft, dp = greedy_draft_pair()
+  prompts = [[1, 2, 3], [4, 5, 6, 7]]
+  answers = head_study.greedy_answers(Model(target, tp), prompts, max_new_tokens=6,
+                                      eos_id=None, vocab_size=32)
+  assert [len(a) for a in answers] == [6, 6]
+  used = sorted({t for a in answers for t in a})
+  unused = [t for t in range(32) if t not in used]
+  self_rows = head_study.head_alphas(Model(target, tp), Model(target, tp), prompts, answers,
+                                     [(), used, unused], vocab_size=32)
+  assert self_rows[0]["alpha_t0"] == pytest.approx(1.0)
+  assert self_rows[0]["alpha_t1"] == pytest.approx(1.0, abs=1e-5)
+  assert self_rows[1]["coverage"] == 1.0 and self_rows[1]["alpha_t0"] == pytest.approx(1.0)
+  assert self_rows[2]["coverage"] == 0.0 and self_rows[2]["alpha_t0"] == 0.0
+  assert self_rows[0]["positions"] == 12
+  rows = head_study.head_alphas(Model(target, tp), Model(draft, dp), prompts, answers,
+                                [(), used], vocab_size=32)
+  agree, overlap = [], []  # by hand: a full forward of each row, read before each answer token
+  for prompt, answer in zip(prompts, answers):
+    row = jnp.asarray([prompt + answer], jnp.int32)
+    positions = jnp.arange(row.shape[1], dtype=jnp.int32)[None]
+    at = slice(len(prompt) - 1, len(prompt) - 1 + len(answer))
+    p = forward(tp, row, positions, init_cache(target, 1, row.shape[1]), config=target)[0][0, at]
+    q = forward(dp, row, positions, init_cache(draft, 1, row.shape[1]), config=draft)[0][0, at]
+    agree += list(np.argmax(p, -1) == np.argmax(q, -1))
+    overlap += list(np.minimum(jax.nn.softmax(p), jax.nn.softmax(q)).sum(-1))
+  assert rows[0]["alpha_t0"] == pytest.approx(np.mean(agree))
+  assert rows[0]["alpha_t1"] == pytest.approx(np.mean(overlap), abs=1e-5)
+  assert 0 < rows[0]["alpha_t1"] < 1
+  assert rows[1]["alpha_t1"] != pytest.approx(rows[0]["alpha_t1"])  # q renormalised on the subset

@@ -42,8 +42,8 @@ FULL = 0  # the head size that stands for the draft's own full head
 
 
 def greedy_answers(target: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-                   eos_id: int, vocab_size: int) -> list[list[int]]:
-  """Each prompt's greedy answer by the target (up to EOS or max_new_tokens tokens)."""
+                   eos_id: int | None, vocab_size: int) -> list[list[int]]:
+  """Each prompt's greedy answer by the target (up to EOS, if any, or max_new_tokens)."""
   spec = DecodeSpec(max_new_tokens, sampling=SamplingConfig(temperature=0.0), eos_id=eos_id,
                     vocab_size=vocab_size)
   result = autoregressive_generate(target, [list(p) for p in prompts], spec=spec)
