@@ -310,6 +310,7 @@ SECTIONS += (
             "timed in turn with the target's calls (c, v).",
             made_by="python scripts/head_study.py --config=configs/heldout_qwen25_coder.py "
                     "--head_tokens=configs/head_tokens/qwen25_coder.json "
+                    "--sizes=4096,8192,16384,32768,65536 "
                     f"--out={RESULTS_DIR}/head_subset_qwen25_coder.json"),
 )
 
