@@ -15,9 +15,10 @@ downloads: without `make qwen` the loader says to run it.
 The draft is an independent model (its own cache) on the target's vocabulary of 151,936
 tokens. --config.draft=hybrid:3 --config.feature_draft=qwen2.5-coder-0.5b puts a prompt
 lookup in front of it; --config.tree=2,2,1 drafts token trees.
---config.draft_head_tokens=configs/head_tokens/qwen25_coder.json --config.draft_head_size=C
-cuts the draft's head to the C ids the target emits most often ("A smaller draft head" in
-docs/background.md; scripts/head_study.py measures α and c for each C).
+The draft's head is cut to the C = config.draft_head_size ids the target emits most often
+(configs/head_tokens/qwen25_coder.json; "A smaller draft head" in docs/background.md;
+scripts/head_study.py measures α and c for each C); --config.draft_head_size=0 keeps the
+0.5B's full head.
 
 Memory: about 10 GB of RAM for the pair in float32 (the 1.5B dequantized is 7.1 GB, the
 0.5B 2.5 GB, each with its own untied output head), plus the caches. bfloat16
@@ -38,6 +39,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 'saved:<dir>' | 'truncate:<k>' | 'random' | 'ngram:<n>' | 'hybrid:<n>'
   c.draft = "qwen2.5-coder-0.5b"
   c.feature_draft = ""  # the model draft of a 'hybrid:<n>' draft, e.g. 'qwen2.5-coder-0.5b'
+  # The draft's head cut to the 65,536 ids the target emits most often (of 151,936): the
+  # head size with the best predicted speedup in docs/results.md#head-subset-qwen; 0 = full.
+  c.draft_head_tokens = "configs/head_tokens/qwen25_coder.json"
+  c.draft_head_size = 65536
   c.chat = True  # each prompt goes through the ChatML template (with Qwen's system message)
   c.prompts = (
       "Write a Python function `merge_intervals(intervals)` that merges overlapping "
