@@ -260,10 +260,8 @@ def draft_config_of(name: str, target_config: ModelConfig, *, dims=None,
     return draft, bool(has_params)
   cfg, has_params = _model_draft_config_of(name, target_config, dims=dims)
   if head.size:
-    if cfg.reads_target_features or cfg.head_tokens:
-      raise ValueError(f"draft {name!r}: a subset head (config.draft_head_size) is cut from "
-                       "an independent draft with a full head")
-    cfg = cfg.replace(tie_embeddings=False, head_tokens=head.ids(cfg.vocab_size))
+    from specdec_jax.io.head_tokens import subset_config
+    cfg = subset_config(cfg, head.ids(cfg.vocab_size))
   return cfg, has_params
 
 

@@ -109,17 +109,24 @@ def choose(path: str | os.PathLike, count: int, *, vocab_size: int,
   return top_ids(score, count, record["always"])
 
 
-def cut_head(config: ModelConfig, params: dict, ids: Sequence[int]) -> tuple[ModelConfig, dict]:
-  """(config, params) of the subset head on `ids` (sorted): the head [D,V] (a tied model's
-  embedding, transposed; `head_t` [V,D] in the serving layout) cut to its C columns, untied. The blocks, the embedding and
-  the cache are unchanged, so every logit it gives equals the full head's at that id."""
+def subset_config(config: ModelConfig, ids: Sequence[int]) -> ModelConfig:
+  """The ModelConfig of an independent draft's head cut to `ids` (sorted): untied, with
+  `head_tokens`; ValueError for a feature draft or a head cut already."""
   if config.reads_target_features:
     raise ValueError("a subset head is cut from an independent draft; this one is a feature "
                      "draft (it reads the target's head)")
   if config.head_tokens:
     raise ValueError("this draft already has a subset head")
-  ids = np.asarray(ids, np.int64)
-  config = config.replace(tie_embeddings=False, head_tokens=tuple(ids.tolist()))
+  return config.replace(tie_embeddings=False, head_tokens=tuple(int(i) for i in ids))
+
+
+def cut_head(config: ModelConfig, params: dict, ids: Sequence[int]) -> tuple[ModelConfig, dict]:
+  """(config, params) of the subset head on `ids` (sorted, `subset_config`): the head [D,V]
+  (a tied model's embedding, transposed; `head_t` [V,D] in the serving layout) cut to its
+  C columns. The blocks, the embedding and the cache are unchanged, so every logit it
+  gives equals the full head's at that id."""
+  config = subset_config(config, ids)
+  ids = np.asarray(config.head_tokens, np.int64)
   serving = "head_t" in params or any(k.startswith("layers_") for k in params)
   if serving:  # the serving layout (`models.layouts`): head_t [C,D], rows of [V,D]
     rows = params["head_t"] if "head_t" in params else params.get("embed")
