@@ -1,15 +1,16 @@
 r"""Acceptance and draft cost of vocabulary-subset heads of C ids, on a prompt set.
 
   python scripts/head_study.py --config=configs/heldout_qwen25_coder.py \
-      --head_tokens=configs/head_tokens/qwen25_coder.json --sizes=8192,16384,32768 \
-      --out=docs/results/head_subset_qwen25_coder.json
+      --head_tokens=configs/head_tokens/qwen25_coder.json \
+      --sizes=4096,8192,16384,32768,65536 --out=docs/results/head_subset_qwen25_coder.json
 
-For the config's independent draft (its full head, and its head cut to the C most frequent
-ids of --head_tokens for each C of --sizes; `io.head_tokens`), on the prompts of
-config.prompt_set (else config.prompts) and their greedy answers by the target
-(config.max_new_tokens each): α at temperatures 0 and 1 along those answers, the fraction
-of answer tokens inside the subset, c(C) and the target's v(k), all timed in turn
-(`bench.head_study`), and the predicted speedup E(α, γ) / s(γ) for γ = 1..--max_gamma.
+For the config's independent draft with its full head (whatever config.draft_head_size
+says) and with that head cut to the C most frequent ids of --head_tokens for each C of
+--sizes (`io.head_tokens`), on the prompts of config.prompt_set (else config.prompts) and
+their greedy answers by the target (config.max_new_tokens each): α at temperatures 0 and 1
+along those answers, the fraction of answer tokens inside the subset, c(C) and the
+target's v(k), all timed in turn (`bench.head_study`), and the predicted speedup
+E(α, γ) / s(γ) for γ = 1..--max_gamma.
 Printed as a table and written to --out with the machine stamp. Run it alone.
 """
 
@@ -20,11 +21,13 @@ from ml_collections import config_flags
 
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
 CONFIG_READS = (
-    "tokenizer", "target", "target_model", "draft", "draft_model", "dtype", "max_seq_len",
-    "unstacked", "chat", "prompts", "prompt_set", "max_new_tokens", "seed")
+    "tokenizer", "target", "target_model", "draft", "draft_model", "draft_head_tokens",
+    "draft_head_size", "dtype", "max_seq_len", "unstacked", "chat", "prompts", "prompt_set",
+    "max_new_tokens", "seed")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _HEAD = flags.DEFINE_string("head_tokens", None, "a head-tokens file (scripts/head_tokens.py)")
-_SIZES = flags.DEFINE_list("sizes", ["8192", "16384", "32768"], "head sizes C to study")
+_SIZES = flags.DEFINE_list("sizes", ["4096", "8192", "16384", "32768", "65536"],
+                           "head sizes C to study")
 _MAX_GAMMA = flags.DEFINE_integer("max_gamma", 4, "predicted speedups for γ = 1..this")
 _REPEATS = flags.DEFINE_integer("repeats", 9, "timed rounds (median)")
 _OUT = flags.DEFINE_string("out", "", "write the figures as JSON here")
@@ -54,7 +57,9 @@ def main(argv):
   prompt_set = str(config.get("prompt_set", ""))
   records = prompt_sets.load_prompt_set(prompt_set) if prompt_set else None
 
-  models = load_models(config, [("draft", config.draft)])
+  full_head = config.copy_and_resolve_references()  # the draft as stored, whatever the
+  full_head.draft_head_size = 0  # config's own head size: every C is cut from it here
+  models = load_models(full_head, [("draft", config.draft)])
   _, draft_config, draft_params = models.drafts["draft"]
   if not isinstance(draft_config, ModelConfig) or draft_config.reads_target_features:
     raise ValueError(f"draft {config.draft!r} is not an independent model draft (a subset "

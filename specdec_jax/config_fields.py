@@ -179,9 +179,11 @@ RUN = _family({
                                      check=lambda v, c: v and checks.model_name_check("draft")(v, c),
                                      off="", used=_only_with_wrapping_draft)),
     "draft_model": (("dims",), dict(used=_only_with_random_draft)),
-    "draft_head_tokens": (("str",), dict(path="read", check=checks.check_head_tokens, off="",
+    # like `draft`, no "off" value: a script that loads no draft ignores a config file's
+    # subset head (every script that loads one reads both)
+    "draft_head_tokens": (("str",), dict(path="read", check=checks.check_head_tokens,
                                          used=_only_with_head_size)),
-    "draft_head_size": (("int", 0, None), dict(check=checks.check_head_size, off=0)),
+    "draft_head_size": (("int", 0, None), dict(check=checks.check_head_size)),
     "dtype": (("str",), dict(check=checks.choices("float32", "bfloat16", "float16"))),
     "max_seq_len": (("int", 8, SEQ_LEN_LIMIT), {}),
     "unstacked": (("bool",), {}),

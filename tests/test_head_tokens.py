@@ -187,3 +187,14 @@ def test_head_study_reads_alpha_and_coverage_for_every_subset():
   assert rows[0]["alpha_t1"] == pytest.approx(np.mean(overlap), abs=1e-5)
   assert 0 < rows[0]["alpha_t1"] < 1
   assert rows[1]["alpha_t1"] != pytest.approx(rows[0]["alpha_t1"])  # q renormalised on the subset
+
+
+@pytest.mark.parametrize("script", ["head_study.py", "head_tokens.py", "benchmark.py"])
+def test_scripts_accept_the_pairs_config_with_its_subset_head(script, monkeypatch):
+  """The Qwen config sets a subset head: scripts that load no draft ignore it, the head
+  study reads it (and cuts every size from the full head), none refuses the config."""
+  sys.path.insert(0, str(REPO / "scripts"))
+  import _bootstrap
+  monkeypatch.chdir(REPO)
+  family, reads = _bootstrap.declarations()[script]
+  _bootstrap.check_config_args(["--config=configs/qwen25_coder.py"], script, family, reads)
