@@ -582,13 +582,11 @@ def head_study_table(doc: dict) -> list[str]:
 
 def head_study_headline(title: str, doc: dict) -> list[tuple[str, str]]:
   """The full head beside the subset with the best predicted speedup at T = 0."""
-  full = next(r for r in doc["rows"] if r["full"])
-  subsets = [r for r in doc["rows"] if not r["full"]]
-  top = max(subsets, key=lambda r: max(r["predicted_speedup"]["t0"].values()))
-
   def pred(r):
     return max(r["predicted_speedup"]["t0"].values())
 
+  full = next(r for r in doc["rows"] if r["full"])
+  top = max((r for r in doc["rows"] if not r["full"]), key=pred)
   return [(title, f"C = {top['head_size']:,}: c {top['c']:.3f} against {full['c']:.3f} for the "
                   f"full head, α at T = 0 {top['alpha_t0']:.3f} against "
                   f"{full['alpha_t0']:.3f}; predicted {pred(top):.2f}x against "
