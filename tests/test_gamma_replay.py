@@ -4,7 +4,9 @@ loop's own accepted counts, and the replay's arithmetic on hand-made traces."""
 import numpy as np
 import pytest
 
-from helpers import GREEDY, speculative, tiny_config, tiny_model
+import jax
+
+from helpers import GREEDY, noise_params, speculative, tiny_config, tiny_model
 from specdec_jax.drafts.hybrid import HybridDraft
 from specdec_jax.gamma import gamma_replay
 
@@ -22,13 +24,17 @@ def pair():
           tiny_model(feature, 1, factor=3.0))
 
 
-@pytest.mark.parametrize("kind", ["hybrid", pytest.param("feature", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["hybrid", "independent",
+                                  pytest.param("feature", marks=pytest.mark.slow)])
 def test_trace_depths_are_the_loops_accepted_counts(pair, kind):
   """Greedy decoding with a fixed γ accepts min(depth[ℓ], γ) at each step's start ℓ."""
   target, tp, hybrid, dp = pair
   draft = hybrid if kind == "hybrid" else hybrid.inner.config  # the feature ModelConfig
+  if kind == "independent":  # the target's config with its weights perturbed: some misses
+    draft = target
+    dp = jax.tree_util.tree_map(lambda x, n: x + 0.02 * n, tp, noise_params(target, 3, 1.0))
   gamma, new = 3, 16
-  hits = lookups = 0
+  hits = misses = lookups = 0
   for prompt in PROMPTS:
     trace = gamma_replay.greedy_trace(tp, target, dp, draft, prompt, max_new_tokens=new,
                                       depth=gamma)
@@ -41,8 +47,9 @@ def test_trace_depths_are_the_loops_accepted_counts(pair, kind):
       assert accepted == min(trace.depth[at], gamma), (prompt, at)
       at += accepted + 1
     hits += int(trace.hit.sum())
+    misses += int((~trace.hit).sum())
     lookups += int(trace.lookup.sum())
-  assert hits > 0
+  assert hits > 0 and misses > 0
   assert (lookups > 0) == (kind == "hybrid")
 
 

@@ -11,8 +11,13 @@ for every start ℓ (the pending token's index, ℓ = P-1 .. T-2) and depth j = 
   lookup[ℓ]   whether a hybrid's prompt lookup matched there (its source, `adaptive`).
 The feature draft's proposals come from `model.unrolled_feature_logits` over the target's
 features of the whole greedy text, which equal the decode loop's q_j when the draft's
-earlier proposals were accepted (that function's docstring; `greedy_trace` is checked
-against the loop's own accepted counts in tests/test_gamma_replay.py).
+earlier proposals were accepted (that function's docstring). An independent draft's j-th
+proposal from ℓ, once its earlier j-1 were hits, is its greedy token after the text up to
+ℓ+j-1: one teacher-forced forward of the draft over the greedy text gives every such
+proposal. hit[ℓ, j] past the first miss is then not the loop's proposal, but nothing reads
+it: a step accepts the leading run of hits and observes the first miss after it.
+`greedy_trace` is checked against the loop's own accepted counts in
+tests/test_gamma_replay.py.
 
 `replay` then walks a trace under a rule: at ℓ choose γ (from what the rule has observed
 so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cost of
@@ -38,6 +43,7 @@ from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts import ngram
 from specdec_jax.drafts.feature import FeatureDraft
 from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.independent import IndependentDraft
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.gamma import adaptive
 from specdec_jax.models.model import Model
@@ -77,24 +83,30 @@ class Rule:
 def greedy_trace(target_params, target_config, draft_params, draft_config, prompt, *,
                  max_new_tokens: int, depth: int, vocab_size: int | None = None
                  ) -> GreedyTrace:
-  """The trace of one prompt (token ids) for a feature draft or a hybrid over one (module
-  docstring); draft_config: the Draft (or the feature draft's ModelConfig)."""
+  """The trace of one prompt (token ids) for a feature or independent draft or a hybrid
+  over one (module docstring); draft_config: the Draft (or the model draft's ModelConfig).
+  vocab_size: the target's real vocabulary (draft columns past it are never proposed)."""
   draft = as_draft(draft_config)
   hybrid = draft if isinstance(draft, HybridDraft) else None
-  feature = hybrid.inner if hybrid is not None else draft
-  if not isinstance(feature, FeatureDraft):
-    raise ValueError(f"greedy_trace needs a feature draft or a hybrid over one, got "
-                     f"{type(draft).__name__}")
-  feature = feature.config
+  inner = hybrid.inner if hybrid is not None else draft
+  if not isinstance(inner, (FeatureDraft, IndependentDraft)):
+    raise ValueError(f"greedy_trace needs a feature or independent draft or a hybrid over "
+                     f"one, got {type(draft).__name__}")
   out = autoregressive_generate(
       Model(target_config, target_params), [prompt],
       spec=DecodeSpec(max_new_tokens, sampling=SamplingConfig(temperature=0.0),
                       vocab_size=vocab_size))
   seq = np.asarray(list(prompt) + out.row(0), np.int32)
   total, first = len(seq), len(prompt) - 1
-  hits, lookups = _trace_arrays(target_params, draft_params, jnp.asarray(seq)[None],
-                                target_config=target_config, feature=feature, depth=depth)
-  hits = np.asarray(hits)[first:total - 1]
+  if isinstance(inner, FeatureDraft):
+    proposals = _feature_proposals(target_params, draft_params, jnp.asarray(seq)[None],
+                                   target_config=target_config, feature=inner.config,
+                                   depth=depth)
+  else:
+    proposals = _independent_proposals(draft_params, jnp.asarray(seq)[None],
+                                       config=inner.config, depth=depth,
+                                       vocab_size=vocab_size)
+  hits = _hits(proposals, seq, depth)[first:total - 1]
   if hybrid is not None:
     buffer = np.zeros((total - 1 - first, total + depth + 1), np.int32)
     buffer[:, :total] = seq
@@ -111,8 +123,8 @@ def greedy_trace(target_params, target_config, draft_params, draft_config, promp
   return GreedyTrace(hit=hits.astype(bool), lookup=lookups)
 
 
-def _trace_arrays(target_params, draft_params, seq, *, target_config, feature, depth):
-  """hit bool [T,G] of the feature draft (ℓ, j) -> proposal == seq[ℓ+j]; None for lookups."""
+def _feature_proposals(target_params, draft_params, seq, *, target_config, feature, depth):
+  """int [G,T]: the feature draft's pass j proposal at position i (reading the text up to i)."""
   total = seq.shape[1]
   cache = {**init_cache(target_config, 1, total), "length": jnp.zeros((1,), jnp.int32)}
   positions = jnp.arange(total, dtype=jnp.int32)[None]
@@ -120,14 +132,30 @@ def _trace_arrays(target_params, draft_params, seq, *, target_config, feature, d
                             return_logits=False, hidden_layers=feature.feature_layers)
   logits = _unrolled(draft_params, seq, features, config=feature,
                      input_embed=target_params["embed"], depth=depth, full_vocab=True)
-  proposals = np.asarray(jnp.argmax(logits[:, 0], axis=-1))  # [G,T]: pass j at position i
-  seq = np.asarray(seq[0])
+  return np.asarray(jnp.argmax(logits[:, 0], axis=-1))  # [G,T]: pass j at position i
+
+
+def _independent_proposals(draft_params, seq, *, config, depth, vocab_size):
+  """int [G,T]: the independent draft's greedy token after the text up to position i, the
+  same for every pass j (teacher forced: module docstring)."""
+  total = seq.shape[1]
+  cache = {**init_cache(config, 1, total), "length": jnp.zeros((1,), jnp.int32)}
+  positions = jnp.arange(total, dtype=jnp.int32)[None]
+  logits = _forward(draft_params, seq, positions, cache, config=config)[0][0]  # [T,V]
+  if vocab_size is not None and logits.shape[-1] > vocab_size:  # padded columns
+    logits = logits.at[:, vocab_size:].set(-jnp.inf)
+  return np.broadcast_to(np.asarray(jnp.argmax(logits, axis=-1)), (depth, total))
+
+
+def _hits(proposals, seq, depth):
+  """bool [T,G]: (ℓ, j) -> pass j's proposal at position ℓ+j-1 equals seq[ℓ+j]."""
+  total = len(seq)
   start = np.arange(total)[:, None]
   j = np.arange(1, depth + 1)[None, :]
   at = np.minimum(start + j - 1, total - 1)  # pass j reads position ℓ+j-1
   proposal = proposals[j - 1, at]
   truth = np.where(start + j < total, seq[np.minimum(start + j, total - 1)], -1)
-  return proposal == truth, None
+  return proposal == truth
 
 
 _forward = jax.jit(forward, static_argnames=("config", "return_logits", "hidden_layers"))
