@@ -1,6 +1,7 @@
 """The model itself: layouts, shapes and config errors."""
 
 import contextlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,30 @@ def test_out_major_matmul_takes_the_multiply_sum_for_a_few_rows(rows):
       got = fn(x, w_t)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
     assert ("dot" not in program) == (skinny and not only_dots), program
+
+
+def _shared_rows_program(rows: int, outputs: int = 1536, width: int = 576) -> str:
+  """The compiled CPU program of a normalised x[rows, width] feeding two out-major
+  products (an MLP's gate and up), as text."""
+  def mlp_in(x, scale, gate_t, up_t):
+    h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
+    return out_major_matmul(h, gate_t) * out_major_matmul(h, up_t)
+  x = jax.ShapeDtypeStruct((rows, width), jnp.float32)
+  w = jax.ShapeDtypeStruct((outputs, width), jnp.float32)
+  return jax.jit(mlp_in).lower(x, jax.ShapeDtypeStruct((width,), jnp.float32), w,
+                               w).compile().as_text()
+
+
+def test_shared_rows_are_not_broadcast_into_memory(monkeypatch):
+  """Where one x feeds two multiply-sums, no [R,O,I] broadcast of x is written out (each
+  product streams its W once); without the products' own barriers XLA:CPU writes one at
+  two rows (the negative control: the test can fail)."""
+  written = re.compile(r"= f32\[2,1536,576\]\{[0-9,]*\} fusion\(")  # a fusion's output
+  assert not written.search(_shared_rows_program(2))
+  from specdec_jax.models import matmul
+  monkeypatch.setattr(matmul, "_multiply_sum",
+                      lambda flat, w_t: jnp.sum(w_t[None] * flat[:, None, :], axis=-1))
+  assert written.search(_shared_rows_program(2))
 
 
 def test_param_shapes_match_init():

@@ -19,6 +19,11 @@ Array = jax.Array
 # lowered for the CPU (`lax.platform_dependent`; a TPU or GPU program keeps the dot) writes
 # the product as a broadcast multiply and a sum over I instead, which XLA fuses into one
 # pass over w_t; past 4 rows that fusion is not reliably faster (docs/background.md#cpu).
+# The rows enter each product through an optimization barrier of their own, taken with
+# w_t: where one x feeds several products (q, k and v; gate and up), XLA would otherwise
+# fuse x's producer into one broadcast of x to [R,O,I] that it writes out for them all,
+# a pass over R·O·I floats per product instead of over w_t (a 2-token call of SmolLM2's
+# target took 9 times one token).
 SKINNY_ROWS = 4
 _skinny = [True]
 
@@ -40,6 +45,7 @@ def _dot(flat: Array, w_t: Array) -> Array:
 
 
 def _multiply_sum(flat: Array, w_t: Array) -> Array:
+  flat, w_t = jax.lax.optimization_barrier((flat, w_t))  # x's own copy per product
   return jnp.sum(w_t[None] * flat[:, None, :], axis=-1)
 
 
