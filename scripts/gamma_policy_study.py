@@ -5,10 +5,11 @@ r"""Rules for choosing γ compared offline on the held-out set (T = 0): replayed
       --measured=docs/results/benchmark_heldout_smollm2.json
 
 One greedy decode per prompt (the config's prompt set, `max_new_tokens`) records, for every
-start, which of the hybrid draft's next G proposals the target's greedy tokens confirm
-(`specdec_jax.gamma.gamma_replay`). Each rule then replays every prompt under this machine's
-measured step costs (`machine_costs.table_for`, the benchmark's cached table at batch 1),
-giving its predicted speedup over autoregressive decoding per prompt. Rules:
+start, which of the draft's next G proposals the target's greedy tokens confirm (a feature
+or independent draft, or a hybrid over one; `specdec_jax.gamma.gamma_replay`). Each rule
+then replays every prompt under this machine's measured step costs
+(`machine_costs.table_for`, the benchmark's cached table at batch 1), giving its predicted
+speedup over autoregressive decoding per prompt. Rules:
   auto          the committed gamma='auto' rule: one α̂ and one cost row per source
   one-estimate  one belief for both sources, every drafting step at the feature draft's
                 full step costs
