@@ -47,9 +47,10 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
   else:
     # steps: the step-cost harness's version (5: implausible s(0) re-timed; 6: steps timed
     # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
-    # timed call; 8: γ = 0 steps skip the draft, timed over PLAIN_STEPS_PER_CALL), so
-    # older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=8)
+    # timed call; 8: γ = 0 steps skip the draft, timed over PLAIN_STEPS_PER_CALL; 9: the
+    # CPU's few-row products behind barriers, `models.matmul`, which changed every call of
+    # 2 to 4 tokens), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=9)
   return key
 
 
