@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import tiny_config, tiny_model
+from specdec_jax.models import matmul
 from specdec_jax.models.layouts import serving_layout, stack_layers, unstack_layers
 from specdec_jax.models.matmul import SKINNY_ROWS, dot_products_only, out_major_matmul
 from specdec_jax.models.model import ModelConfig, forward, init_cache, param_shapes
@@ -74,15 +75,15 @@ def test_out_major_matmul_takes_the_multiply_sum_for_a_few_rows(rows):
     assert ("dot" not in program) == (skinny and not only_dots), program
 
 
-def _shared_rows_program(rows: int, outputs: int = 1536, width: int = 576) -> str:
-  """The compiled CPU program of a normalised x[rows, width] feeding two out-major
-  products (an MLP's gate and up), as text."""
+def _shared_rows_program() -> str:
+  """The compiled CPU program, as text, of a normalised x [2,576] feeding two out-major
+  products of W^T [1536,576] (an MLP's gate and up)."""
   def mlp_in(x, scale, gate_t, up_t):
     h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * scale
     return out_major_matmul(h, gate_t) * out_major_matmul(h, up_t)
-  x = jax.ShapeDtypeStruct((rows, width), jnp.float32)
-  w = jax.ShapeDtypeStruct((outputs, width), jnp.float32)
-  return jax.jit(mlp_in).lower(x, jax.ShapeDtypeStruct((width,), jnp.float32), w,
+  w = jax.ShapeDtypeStruct((1536, 576), jnp.float32)
+  return jax.jit(mlp_in).lower(jax.ShapeDtypeStruct((2, 576), jnp.float32),
+                               jax.ShapeDtypeStruct((576,), jnp.float32), w,
                                w).compile().as_text()
 
 
@@ -91,11 +92,10 @@ def test_shared_rows_are_not_broadcast_into_memory(monkeypatch):
   product streams its W once); without the products' own barriers XLA:CPU writes one at
   two rows (the negative control: the test can fail)."""
   written = re.compile(r"= f32\[2,1536,576\]\{[0-9,]*\} fusion\(")  # a fusion's output
-  assert not written.search(_shared_rows_program(2))
-  from specdec_jax.models import matmul
+  assert not written.search(_shared_rows_program())
   monkeypatch.setattr(matmul, "_multiply_sum",
                       lambda flat, w_t: jnp.sum(w_t[None] * flat[:, None, :], axis=-1))
-  assert written.search(_shared_rows_program(2))
+  assert written.search(_shared_rows_program())
 
 
 def test_param_shapes_match_init():

@@ -142,8 +142,7 @@ def _independent_proposals(draft_params, seq, *, config, depth, vocab_size):
   cache = {**init_cache(config, 1, total), "length": jnp.zeros((1,), jnp.int32)}
   positions = jnp.arange(total, dtype=jnp.int32)[None]
   logits = _forward(draft_params, seq, positions, cache, config=config)[0][0]  # [T,V]
-  if vocab_size is not None and logits.shape[-1] > vocab_size:  # padded columns
-    logits = logits.at[:, vocab_size:].set(-jnp.inf)
+  logits = logits[:, :vocab_size]  # the true vocabulary, as the loop's `warp_vocab` cuts it
   return np.broadcast_to(np.asarray(jnp.argmax(logits, axis=-1)), (depth, total))
 
 

@@ -22,8 +22,7 @@ Array = jax.Array
 # The rows enter each product through an optimization barrier of their own, taken with
 # w_t: where one x feeds several products (q, k and v; gate and up), XLA would otherwise
 # fuse x's producer into one broadcast of x to [R,O,I] that it writes out for them all,
-# a pass over R·O·I floats per product instead of over w_t (a 2-token call of SmolLM2's
-# target took 9 times one token).
+# a pass over R·O·I floats per product instead of over w_t (docs/background.md#cpu).
 SKINNY_ROWS = 4
 _skinny = [True]
 
