@@ -18,7 +18,16 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
                (`greedy_verify` at T = 0) on γ drafts; the target's γ+1-token call and the
                draft's two-token call also with every matmul a `jnp.dot`
                (`models.matmul.dot_products_only`: what the few-row multiply-sum of
-               `out_major_matmul` saves).
+               `out_major_matmul` saves);
+  prefills     the starting state of the plain loop and of the chain (`loop.prefill`) on
+               the prompt padded as the held-out runs pad it (`studies.prompt_bucket`):
+               the target's prefill alone, and with the draft's. Their difference D is
+               what a prompt pays for drafting before its first step; with the target's
+               prefill P and N = max_new_tokens, a prompt whose rows never draft but
+               the first step's probe decodes at about
+                 (P + N) / (P + D + N - 1 + chain step)
+               of plain decoding's speed (every figure in plain steps), the floor under
+               gamma 'auto' of a whole-generation timing such as `benchmark.py`'s.
 Every figure is in plain steps (seconds / plain step), so the step's split reads
   step = c_first + (γ-1)·c + v(γ+1)·t(1) + verifier + the rest,
 c_first being, for an independent draft (alone or in a hybrid), the two-token call in the
@@ -42,9 +51,8 @@ CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap
 CONFIG_SHAPES_ONLY = "random_weights"  # with it, the models' shapes alone are read
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
-    "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "unstacked", "chat", "prompts", "verifier", "temperature", "top_k",
-    "top_p", "seed")
+    "draft_head_tokens", "draft_head_size", "dtype", "max_seq_len", "max_new_tokens",
+    "unstacked", "chat", "prompts", "verifier", "temperature", "top_k", "top_p", "seed")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _GAMMA = flags.DEFINE_integer("gamma", 3, "drafts per chain step")
 _STEPS = flags.DEFINE_integer("steps", 8, "loop steps per timed call")
@@ -110,6 +118,11 @@ def main(argv):
   plain = prepare(pair.target, None, [prompt], plain_spec, seed=config.seed)
   draft = as_draft(pair.draft_config)
   model = draft.model_config
+  width = studies.prompt_bucket(context)  # the padded width of the held-out runs
+  padded = {name: prepare(pair.target, d, [prompt], s, seed=config.seed, prompt_width=width)
+            for name, d, s in (("plain", None, plain_spec), ("chain", pair.draft, spec))}
+  target_prefill, both_prefills = f"target prefill, {width} tokens", \
+      f"target and draft prefill, {width} tokens"
   fns = {
       "plain step": steps_from(pair.target, None, plain,
                                loop.prefill(pair.target, None, plain), steps),
@@ -124,6 +137,8 @@ def main(argv):
           dot_products=True),
       "verifier": verifier_call(greedy_verify if greedy else chain.spec.verify_fn,
                                 gamma=gamma, vocab=pair.vocab_size, seed=config.seed),
+      target_prefill: lambda: loop.prefill(pair.target, None, padded["plain"]),
+      both_prefills: lambda: loop.prefill(pair.target, pair.draft_params, padded["chain"]),
   }
   feature = dict(input_embed=pair.target_params["embed"]) if model is not None and \
       model.feature_layers else {}
@@ -176,6 +191,14 @@ def main(argv):
         f"({unit['chain step'] / unit['target call, 1 token'] / model_cost - 1:+.0%}); "
         f"tokens per step in the timed steps {tokens.mean():.2f}, first draft calls over two "
         f"tokens {two_token_share:.0%}")
+  new_tokens = int(config.max_new_tokens)
+  prefill = dict(width=width, target=unit[target_prefill],
+                 draft=unit[both_prefills] - unit[target_prefill], new_tokens=new_tokens)
+  prefill["never_drafting_floor"] = (prefill["target"] + new_tokens) / (
+      unit[both_prefills] + new_tokens - 1 + unit["chain step"])
+  print(f"prefill at {width} tokens: target {prefill['target']:.2f} plain steps, draft "
+        f"{prefill['draft']:.2f}; a prompt that never drafts after one probe step, "
+        f"{new_tokens} new tokens: {prefill['never_drafting_floor']:.3f}x plain decoding")
   table = None
   if _STEP_COSTS.value >= 1:
     from specdec_jax.gamma.machine_costs import measure_steps
@@ -192,6 +215,7 @@ def main(argv):
         random_weights=bool(_RANDOM.value), dtype=str(pair.target_config.dtype),
         context=context, temperature=pair.sampling.temperature,
         seconds=seconds, plain_steps=unit, split=split, c=c, v=v, modelled_step=model_cost,
+        prefill=prefill,
         tokens_per_step=float(tokens.mean()), two_token_first_calls=two_token_share))
     print(f"wrote {_OUT.value}")
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from specdec_jax.bench import studies
 from specdec_jax.io.atomic import atomic_write, atomic_write_json
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -99,6 +100,14 @@ def test_profile_step_splits_the_chain_step_into_its_pieces(tmp_path):
   assert sum(doc["split"].values()) == pytest.approx(doc["plain_steps"]["chain step"])
   assert doc["modelled_step"] == pytest.approx(2 * doc["c"] + doc["v"])  # γc + v(γ+1)
   assert {"cpu", "git_commit", "command"} <= set(doc["stamp"])
+  unit, prefill = doc["plain_steps"], doc["prefill"]
+  width = prefill["width"]
+  assert width >= doc["context"] and width % studies.PROMPT_BUCKET == 0
+  assert prefill["draft"] == pytest.approx(
+      unit[f"target and draft prefill, {width} tokens"] - unit[f"target prefill, {width} tokens"])
+  assert prefill["never_drafting_floor"] == pytest.approx(  # (P + N) / (P + D + N - 1 + s)
+      (prefill["target"] + prefill["new_tokens"])
+      / (prefill["target"] + prefill["draft"] + prefill["new_tokens"] - 1 + unit["chain step"]))
   bad = profile("--steps=0")
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1] == "error: --steps must be an int >= 1, got 0"

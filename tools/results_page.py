@@ -295,8 +295,9 @@ SECTIONS += (
             "the step's pieces compiled alone (the target call over 1 and 4 tokens, the 0.5B "
             "draft's call over one token and its two-token first call, the verifier; the "
             "four-token and two-token calls also with every matmul a dot product instead of "
-            "the CPU's few-row multiply-sum), in turn in one process, on the config's first "
-            "prompt at batch 1. In plain steps; the rest is the sampling, the caches' "
+            "the CPU's few-row multiply-sum; the target's prefill, alone and with the "
+            "draft's, at the prompt's padded width), in turn in one process, on the config's "
+            "first prompt at batch 1. In plain steps; the rest is the sampling, the caches' "
             "bookkeeping and the loop.",
             made_by="python scripts/profile_step.py --config=configs/qwen25_coder.py --gamma=3 "
                     f"--out={RESULTS_DIR}/profile_step_qwen25_coder.json"),
