@@ -21,13 +21,11 @@ first call each; `bench.timing.interleaved_seconds`), on the config's first prom
                `out_major_matmul` saves);
   prefills     the starting state of the plain loop and of the chain (`loop.prefill`) on
                the prompt padded as the held-out runs pad it (`studies.prompt_bucket`):
-               the target's prefill alone, and with the draft's. Their difference D is
-               what a prompt pays for drafting before its first step; with the target's
-               prefill P and N = max_new_tokens, a prompt whose rows never draft but
-               the first step's probe decodes at about
-                 (P + N) / (P + D + N - 1 + chain step)
-               of plain decoding's speed (every figure in plain steps), the floor under
-               gamma 'auto' of a whole-generation timing such as `benchmark.py`'s.
+               the target's prefill alone, and with the draft's. Their difference is
+               what a prompt pays for drafting before its first step; with the chain
+               step as the probe and N = max_new_tokens they give the floor under gamma
+               'auto' of a whole-generation timing such as `benchmark.py`'s, for a prompt
+               whose rows never draft after that probe (`studies.never_drafting_floor`).
 Every figure is in plain steps (seconds / plain step), so the step's split reads
   step = c_first + (γ-1)·c + v(γ+1)·t(1) + verifier + the rest,
 c_first being, for an independent draft (alone or in a hybrid), the two-token call in the
@@ -194,8 +192,8 @@ def main(argv):
   new_tokens = int(config.max_new_tokens)
   prefill = dict(width=width, target=unit[target_prefill],
                  draft=unit[both_prefills] - unit[target_prefill], new_tokens=new_tokens)
-  prefill["never_drafting_floor"] = (prefill["target"] + new_tokens) / (
-      unit[both_prefills] + new_tokens - 1 + unit["chain step"])
+  prefill["never_drafting_floor"] = studies.never_drafting_floor(
+      prefill["target"], prefill["draft"], new_tokens, unit["chain step"])
   print(f"prefill at {width} tokens: target {prefill['target']:.2f} plain steps, draft "
         f"{prefill['draft']:.2f}; a prompt that never drafts after one probe step, "
         f"{new_tokens} new tokens: {prefill['never_drafting_floor']:.3f}x plain decoding")

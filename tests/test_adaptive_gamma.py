@@ -409,6 +409,16 @@ def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
   assert int(adaptive.width_index(FixedGamma(3).call_widths(True), out.gammas[:1, 0])) == 0
 
 
+def test_never_drafting_floor_counts_both_prefills_and_the_probe():
+  """A free draft (no prefill, a probe as cheap as a plain step) loses nothing; the draft's
+  prefill and the probe's extra cost are paid once, so they weigh less over more tokens."""
+  assert studies.never_drafting_floor(10.0, 0.0, 48, 1.0) == pytest.approx(1.0)
+  # P = 10, D = 3, N = 48, s = 2: 58 plain steps of work against 62
+  assert studies.never_drafting_floor(10.0, 3.0, 48, 2.0) == pytest.approx(58 / 62)
+  floors = [studies.never_drafting_floor(10.0, 3.0, n, 2.0) for n in (48, 480, 4800)]
+  assert floors[0] < floors[1] < floors[2] < 1.0
+
+
 # ------------------------------------------------------------ the choice rule
 
 def test_choose_gamma_is_the_argmax_of_the_prediction():

@@ -105,9 +105,8 @@ def test_profile_step_splits_the_chain_step_into_its_pieces(tmp_path):
   assert width >= doc["context"] and width % studies.PROMPT_BUCKET == 0
   assert prefill["draft"] == pytest.approx(
       unit[f"target and draft prefill, {width} tokens"] - unit[f"target prefill, {width} tokens"])
-  assert prefill["never_drafting_floor"] == pytest.approx(  # (P + N) / (P + D + N - 1 + s)
-      (prefill["target"] + prefill["new_tokens"])
-      / (prefill["target"] + prefill["draft"] + prefill["new_tokens"] - 1 + unit["chain step"]))
+  assert prefill["never_drafting_floor"] == pytest.approx(studies.never_drafting_floor(
+      prefill["target"], prefill["draft"], prefill["new_tokens"], unit["chain step"]))
   bad = profile("--steps=0")
   assert bad.returncode == 2
   assert bad.stderr.strip().splitlines()[-1] == "error: --steps must be an int >= 1, got 0"

@@ -541,13 +541,12 @@ def profile_step_table(doc: dict) -> list[str]:
   lines += ["", f"c = {doc['c']:.3f}, v({doc['gamma'] + 1}) = {doc['v']:.2f}: γc + v = "
             f"{model:.2f} target-call times, and the step takes {per_call:.2f} of them "
             f"({per_call / model - 1:+.0%})."]
-  prefill = doc.get("prefill")  # profiles written before the prefills were timed lack it
-  if prefill:
-    lines += ["", f"Prefill at {prefill['width']} tokens: the target's {prefill['target']:.2f} "
-              f"plain steps, the draft's {prefill['draft']:.2f} more. A prompt that never "
-              f"drafts after one probe step decodes its {prefill['new_tokens']} tokens at "
-              f"about {prefill['never_drafting_floor']:.3f}x plain decoding's speed: the "
-              f"floor of gamma 'auto' in a whole-generation timing."]
+  prefill = doc["prefill"]
+  lines += ["", f"Prefill at {prefill['width']} tokens: the target's {prefill['target']:.2f} "
+            f"plain steps, the draft's {prefill['draft']:.2f} more. A prompt that never "
+            f"drafts after one probe step decodes its {prefill['new_tokens']} tokens at "
+            f"about {prefill['never_drafting_floor']:.3f}x plain decoding's speed: the "
+            f"floor of gamma 'auto' in a whole-generation timing."]
   return lines
 
 

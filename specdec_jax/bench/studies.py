@@ -7,6 +7,7 @@ Letters: B batch, G = γ drafted tokens per step.
   c                    draft step time / target step time      (one token, batch B)
   v(k)                 target time for k tokens / for 1 token  (1 on ideal hardware)
   predicted speedup    E[tokens/step] / (max(G, 1) c + v(G+1))   (`adaptive.step_cost`)
+  never-drafting floor (P + N) / (P + D + N - 1 + s)            (`never_drafting_floor`)
 
 Timings are wall-clock medians over repeats after a warm-up call, so compile time
 is excluded (`specdec_jax.bench.timing`); the ratio speculative/autoregressive is measured
@@ -52,6 +53,17 @@ def predicted_speedup(alpha: float, gamma: int, c: float, verify_cost: float = 1
   v(γ+1) = verify_cost (1: Leviathan's formula, γ c + 1 for γ >= 1)."""
   return expected_tokens_per_step(alpha, gamma) / adaptive.step_cost(
       adaptive.draft_calls(gamma), c, verify_cost)
+
+
+def never_drafting_floor(target_prefill: float, draft_prefill: float, new_tokens: int,
+                         probe_step: float) -> float:
+  """(P + N) / (P + D + N - 1 + s): a whole generation's speed over plain decoding's for a
+  prompt whose rows draft in one probe step of cost s and never again, every other step a
+  plain one (s(0) = 1), both timings with their prefills; P the target's prefill, D what
+  the draft's adds, s, all in plain steps; N new tokens, one per plain step
+  (docs/background.md#gamma-floor)."""
+  return (target_prefill + new_tokens) / (
+      target_prefill + draft_prefill + new_tokens - 1 + probe_step)
 
 
 def best_gamma(alpha: float, c: float, verify_costs: dict[int, float], max_gamma: int = 8):
