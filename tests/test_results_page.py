@@ -161,8 +161,9 @@ def test_prompt_set_page_shows_domains_intervals_and_the_overall_row(tmp_path):
 
 
 def test_gammas_side_by_side_are_compared(tmp_path):
-  """Several γ in one run: one summary line each with the prompts below 0.97x, a table of
-  every prompt's speedup per γ, and one README figure per γ naming its losses."""
+  """Several γ in one run: the settings line names each row's γ, one summary line each with
+  the prompts below 0.97x, a table of every prompt's speedup per γ, and one README figure
+  per γ naming its losses."""
   doc = copy.deepcopy(PROMPT_SET)
   fixed = copy.deepcopy(doc["rows"][0])
   fixed["gamma"] = 2
@@ -170,6 +171,9 @@ def test_gammas_side_by_side_are_compared(tmp_path):
     p["speedup"] = speedup
   doc["rows"].append(fixed)
   page, readme = rendered(tmp_path, {"benchmark_heldout_smollm2.json": doc})
+  # the settings line names what each row ran, not the config's own γ
+  assert "temperature 0, γ per row: auto (at most 2), 2, verifier `block`" in page
+  assert "γ auto (at most 2), verifier" not in page
   assert "| γ auto (block) | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 3 of 4 | 0.70x " \
       "(code-01) |" in page
   assert "| γ 2 (block) | 0.88x [0.63, 1.23] | 0.275 [0.040, 0.510] | 1 of 4 | 0.96x " \

@@ -33,9 +33,15 @@ def prompt_set_settings(doc: dict) -> str:
   """The settings line: models, sampling, γ, prompt set, the machine's c and v(k)."""
   meta = doc["meta"]
   config = meta.get("config", {})
-  gamma = config.get("gamma", "–")
-  if gamma == "auto" and config.get("gamma_max") is not None:
-    gamma = f"auto (at most {config['gamma_max']})"
+  def named(g):
+    if g == "auto" and config.get("gamma_max") is not None:
+      return f"auto (at most {config['gamma_max']})"
+    return str(g)
+  row_gammas = list(dict.fromkeys(str(r.get("gamma")) for r in doc.get("rows", [])))
+  if len(row_gammas) > 1:  # a --gammas run: the rows, not the config's γ, say what ran
+    gamma = "per row: " + ", ".join(named(g) for g in row_gammas)
+  else:
+    gamma = named(config.get("gamma", "–"))
   if tree_of(doc):  # a tree row drafts token trees instead of γ-token chains
     gamma = f"– (token tree `{config['tree']}`, rule `{config.get('tree_rule', '?')}`)"
   prompts = len(doc["rows"][0].get("prompts", [])) if doc.get("rows") else 0
