@@ -617,6 +617,38 @@ def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
   assert (np.diff(probes) >= 10).all()  # but rarely: long plain runs between probes
 
 
+def test_the_evidence_cap_keeps_rows_near_the_threshold_probing():
+  """The limit docs/background.md#gamma states: KEEP caps a row's evidence at 1 / (1 -
+  KEEP) positions, so its bound stays at least sqrt(α̂(1 - α̂)(1 - KEEP)) above its mean. A
+  row whose every position has β = 0.5, where no γ pays under this table (drafting needs
+  α above about 0.62), keeps a bound near 0.66 and probes γ = 3 on every step; a row at β
+  = 0.3 has a bound below the threshold and stops, probing again only once its evidence
+  has faded (FORGET). A rule that lifts the cap changes this test and that paragraph
+  together."""
+  table = CostTable(c=None, verify_costs=None, step_costs=(1.0, 1.66, 2.0, 2.2, 3.4))
+  costs = jnp.asarray(table.loop_costs(4))
+  assert table.best_gamma(0.5) == 0 and table.best_gamma(0.6) == 0
+  assert table.best_gamma(0.65) > 0
+  rule = adaptive.DEFAULT_RULE
+  source = jnp.zeros(2, jnp.int32)
+  belief = adaptive.initial_belief(2)
+  beta = np.asarray([[0.5] * 4, [0.3] * 4])
+  history = []
+  for _ in range(100):
+    chosen = rule.choose(belief, costs, source)
+    history.append(np.asarray(chosen))
+    belief = observe(belief, rule, chosen=np.asarray(chosen),
+                     accepted=np.minimum(np.asarray(chosen), 2), beta=beta)
+  history = np.asarray(history)  # [steps, 2]
+  assert (history[:, 0] == 3).all()  # never stops
+  assert (history[-50:, 1] > 0).mean() <= 0.1  # stops, probing again now and then
+  weight = np.asarray(rule.weight(belief))[0, 0]
+  assert weight <= 1 / (1 - rule.keep) + 1e-4
+  mean = np.asarray(rule.mean(belief))[0, 0]
+  assert np.asarray(rule.bound(belief))[0, 0] >= mean + np.sqrt(
+      mean * (1 - mean) * (1 - rule.keep)) - 1e-4
+
+
 def test_a_probe_that_cannot_pay_is_not_taken():
   """Under step costs where drafting pays only at α near 1 (γ = 4 needs α > 0.9), a row
   whose prior has faded to f = 0.7 over plain steps has a bound (0.92) at which a probe of

@@ -43,10 +43,11 @@ are all a row would draft.
 This is optimism under uncertainty with discounted evidence (the discounted UCB of
 Garivier and Moulines 2011): a fresh row's bound drafts from its first step whatever the
 prior's mean wherever the table's threshold lies below that bound, a row whose drafts
-were rejected stops drafting once α⁺ falls below the table's threshold, and probes again
+were rejected stops drafting once α⁺ falls below the table's threshold (never, for a row
+within sqrt(α̂(1-α̂)(1-KEEP)) below it: KEEP caps n at 1 / (1 - KEEP)), and probes again
 once enough of its evidence has faded; a probe is worth more the closer α̂ sits to the
 threshold and the longer the row went unobserved, the value of the information it buys
-(docs/background.md#gamma-auto).
+(docs/background.md#gamma).
 A γ_b = 0 step observes nothing and, for a draft that can fall behind (`Draft.skip_lag`
 > 0: every model draft), does not run the draft when no live row drafts: it costs a plain
 step, s(0) ≈ 1, and the draft catches up on the skipped tokens when it next runs
