@@ -17,6 +17,8 @@ speedup over autoregressive decoding per prompt. Rules:
                 drafts again
   no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
                 bound from the evidence it has still clears the threshold
+  short-width   the bound's width from the mean's own count (EVIDENCE_KEEP = KEEP, about
+                10 positions): a row just below the threshold never stops probing
   probe-k       the committed rule, but a probe (a step the mean alone would not draft)
                 proposes at most k drafts (`SmallProbeRule`, a γ rule defined in this file)
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
@@ -80,6 +82,8 @@ def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
          "one-estimate": (gamma_replay.Rule(by_source=False), False),
          "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
          "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True),
+         "short-width": (gamma_replay.Rule(dataclasses.replace(base, evidence_keep=base.keep)),
+                         True),
          "no-lookahead": (gamma_replay.Rule(dataclasses.replace(base, lookahead=False)), True),
          "probe-1": (gamma_replay.Rule(SmallProbeRule(probe=1)), True),
          "probe-2": (gamma_replay.Rule(SmallProbeRule(probe=2)), True)}

@@ -13,6 +13,7 @@ runs one case and the control; the small tests share compiled loops (batch 5, 12
 tokens).
 """
 
+import dataclasses
 import functools
 import logging
 
@@ -569,22 +570,28 @@ def observe(belief, rule=adaptive.DEFAULT_RULE, *, chosen, accepted, beta, sourc
 
 def test_belief_takes_observed_positions_in_order_and_fades():
   """Row 0 proposed 3 and accepted 1: positions 1 and 2 are observed (S = 0.9·1 + 0,
-  n = 0.9 + 1, the prior's weight 0.9²), position 3 not; row 1 proposed nothing: every
-  column fades by FORGET, which leaves its mean where it was and widens its bound."""
-  rule = adaptive.BeliefRule(keep=0.9, forget=0.5)
+  n = 0.9 + 1, the prior's weight 0.9², the bound's count m = 0.98 + 1), position 3 not;
+  row 1 proposed nothing: every column fades by FORGET, which leaves its mean where it
+  was and widens its bound."""
+  rule = adaptive.BeliefRule(keep=0.9, forget=0.5, evidence_keep=0.98)
   start = adaptive.Belief(beta_sum=jnp.asarray([[0.0, 0.0], [1.0, 2.0]]),
                           count=jnp.asarray([[0.0, 0.0], [2.0, 4.0]]),
-                          prior=jnp.asarray([[1.0, 1.0], [0.5, 0.5]]))
+                          prior=jnp.asarray([[1.0, 1.0], [0.5, 0.5]]),
+                          evidence=jnp.asarray([[0.0, 0.0], [3.0, 5.0]]))
   got = observe(start, rule, chosen=[3, 0], accepted=[1, 0],
                 beta=[[1.0, 0.0, 1.0], [0.9, 0.9, 0.9]])
   np.testing.assert_allclose(got.beta_sum, [[0.9, 0.0], [0.5, 1.0]], rtol=1e-6)
   np.testing.assert_allclose(got.count, [[1.9, 0.0], [1.0, 2.0]], rtol=1e-6)
   np.testing.assert_allclose(got.prior, [[0.81, 0.5], [0.25, 0.25]], rtol=1e-6)
+  np.testing.assert_allclose(got.evidence, [[1.98, 0.0], [1.5, 2.5]], rtol=1e-6)
   n0, a0 = rule.prior_weight, rule.prior[0]
   np.testing.assert_allclose(rule.mean(got)[0, 0], (0.9 + 0.81 * n0 * a0) / (1.9 + 0.81 * n0),
                              rtol=1e-6)
   np.testing.assert_allclose(rule.mean(got)[1], rule.mean(start)[1], rtol=1e-6)
   assert (rule.bound(got)[1] > rule.bound(start)[1]).all()
+  mean = rule.mean(got)[0, 0]
+  np.testing.assert_allclose(  # the width stands on m, not on n
+      rule.bound(got)[0, 0], mean + np.sqrt(mean * (1 - mean) / (1.98 + 0.81 * n0)), rtol=1e-5)
 
 
 def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
@@ -617,36 +624,47 @@ def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
   assert (np.diff(probes) >= 10).all()  # but rarely: long plain runs between probes
 
 
-def test_the_evidence_cap_keeps_rows_near_the_threshold_probing():
-  """The limit docs/background.md#gamma states: KEEP caps a row's evidence at 1 / (1 -
-  KEEP) positions, so its bound stays at least sqrt(α̂(1 - α̂)(1 - KEEP)) above its mean. A
-  row whose every position has β = 0.5, where no γ pays under this table (drafting needs
-  α above about 0.62), keeps a bound near 0.66 and probes γ = 3 on every step; a row at β
-  = 0.3 has a bound below the threshold and stops, probing again only once its evidence
-  has faded (FORGET). A rule that lifts the cap changes this test and that paragraph
-  together."""
+def test_rows_near_the_threshold_stop_once_their_evidence_builds():
+  """The bound's width stands on evidence discounted by EVIDENCE_KEEP (about the last 50
+  positions), not on the mean's count (about the last 10): under this table no γ pays
+  below α ≈ 0.62, and a row whose every position has β = 0.5 probes while its evidence is
+  thin, then stops, probing again only now and then as its evidence fades (FORGET). The
+  negative control takes the width from the mean's own count (evidence_keep = keep): that
+  count never passes 1 / (1 - KEEP) = 10, the bound stays near 0.66, and the row probes
+  γ = 3 on every step at a loss (docs/background.md#gamma). A row at β = 0.3 stops under
+  both."""
   table = CostTable(c=None, verify_costs=None, step_costs=(1.0, 1.66, 2.0, 2.2, 3.4))
   costs = jnp.asarray(table.loop_costs(4))
   assert table.best_gamma(0.5) == 0 and table.best_gamma(0.6) == 0
   assert table.best_gamma(0.65) > 0
-  rule = adaptive.DEFAULT_RULE
   source = jnp.zeros(2, jnp.int32)
-  belief = adaptive.initial_belief(2)
   beta = np.asarray([[0.5] * 4, [0.3] * 4])
-  history = []
-  for _ in range(100):
-    chosen = rule.choose(belief, costs, source)
-    history.append(np.asarray(chosen))
-    belief = observe(belief, rule, chosen=np.asarray(chosen),
-                     accepted=np.minimum(np.asarray(chosen), 2), beta=beta)
-  history = np.asarray(history)  # [steps, 2]
+
+  def run(rule, steps=100):
+    belief = adaptive.initial_belief(2)
+    history = []
+    for _ in range(steps):
+      chosen = rule.choose(belief, costs, source)
+      history.append(np.asarray(chosen))
+      belief = observe(belief, rule, chosen=np.asarray(chosen),
+                       accepted=np.minimum(np.asarray(chosen), 2), beta=beta)
+    return np.asarray(history), belief  # [steps, 2]
+
+  rule = adaptive.DEFAULT_RULE
+  history, belief = run(rule)
+  stop = int(np.argmax(history[:, 0] == 0))
+  assert 0 < stop <= 15  # it stops
+  assert (history[stop:, 0] > 0).mean() <= 0.2  # probing again now and then
+  assert (history[-50:, 1] > 0).mean() <= 0.1
+  assert np.asarray(rule.bound_weight(belief))[0, 0] <= 1 / (1 - rule.evidence_keep) + 1e-4
+  capped = dataclasses.replace(rule, evidence_keep=rule.keep)
+  history, belief = run(capped)
   assert (history[:, 0] == 3).all()  # never stops
-  assert (history[-50:, 1] > 0).mean() <= 0.1  # stops, probing again now and then
-  weight = np.asarray(rule.weight(belief))[0, 0]
-  assert weight <= 1 / (1 - rule.keep) + 1e-4
-  mean = np.asarray(rule.mean(belief))[0, 0]
-  assert np.asarray(rule.bound(belief))[0, 0] >= mean + np.sqrt(
-      mean * (1 - mean) * (1 - rule.keep)) - 1e-4
+  assert (history[-50:, 1] > 0).mean() <= 0.1
+  assert np.asarray(capped.bound_weight(belief))[0, 0] <= 1 / (1 - capped.keep) + 1e-4
+  mean = np.asarray(capped.mean(belief))[0, 0]
+  assert np.asarray(capped.bound(belief))[0, 0] >= mean + np.sqrt(
+      mean * (1 - mean) * (1 - capped.keep)) - 1e-4
 
 
 def test_a_probe_that_cannot_pay_is_not_taken():
@@ -661,6 +679,7 @@ def test_a_probe_that_cannot_pay_is_not_taken():
 
   def faded_to(f):
     return adaptive.Belief(beta_sum=jnp.zeros((1, 2)), count=jnp.zeros((1, 2)),
+                           evidence=jnp.zeros((1, 2)),
                            prior=jnp.full((1, 2), f))
   assert int(adaptive.DEFAULT_RULE.choose(faded_to(0.7), costs, source)[0]) == 0
   assert int(adaptive.BeliefRule(lookahead=False).choose(faded_to(0.7), costs, source)[0]) == 4
@@ -682,6 +701,7 @@ def test_gamma_per_source():
   np.testing.assert_allclose(got.beta_sum[1], [1.0, 0.0], rtol=1e-6)
   costs = np.asarray([[1.0, 9.0, 9.0], [1.0, 1.2, 1.3]], np.float32)
   sure = adaptive.Belief(beta_sum=jnp.full((2, 2), 90.0), count=jnp.full((2, 2), 100.0),
+                         evidence=jnp.full((2, 2), 100.0),
                          prior=jnp.zeros((2, 2)))
   chosen = adaptive.DEFAULT_RULE.choose(sure, costs, jnp.asarray([adaptive.DRAFT,
                                                                   adaptive.LOOKUP]))

@@ -18,14 +18,20 @@ measured form is the one the scripts use.
 Each row b keeps a belief about its acceptance per proposal source src (DRAFT = 0: the
 draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right far more often
 where it matches): discounted sums of the exact β_i = Σ min(p_i, q_i) at the drafted
-positions it observed from that source, and of their count (`Belief`),
-  S ← KEEP·S + β_i,  n ← KEEP·n + 1,  f ← KEEP·f    per observed position, in order,
-  S ← FORGET·S,      n ← FORGET·n,      f ← FORGET·f  per step the column observes nothing,
+positions it observed from that source, and of their count, twice (`Belief`),
+  S ← KEEP·S + β_i,  n ← KEEP·n + 1,  f ← KEEP·f,  m ← EVIDENCE_KEEP·m + 1
+                                                      per observed position, in order,
+  S, n, f, m ← FORGET·(S, n, f, m)                    per step the column observes nothing,
 with the mean α̂ = (S + f·n₀·α₀) / (n + f·n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT
 pseudo-positions, f = 1 at the start: the prior fades like any evidence) and the
-optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (n + f·n₀))). KEEP weighs about
-the last 10 positions. FORGET leaves the mean of a row that stopped drafting where it
-was and shrinks the evidence it stands on, so its bound widens with time.
+optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (m + f·n₀))). The mean weighs
+about the last 1 / (1 - KEEP) = 10 positions, so it follows the text; the bound's width
+stands on about the last 1 / (1 - EVIDENCE_KEEP) = 50, so it keeps narrowing as the row
+observes more (with the mean's own count, the width could never fall below
+sqrt(α̂(1-α̂)/10), about 0.16 at α̂ = 0.6, and a row that close below the table's
+threshold would probe on every step). FORGET leaves the mean of a row that stopped
+drafting where it was and shrinks the evidence it stands on, so its bound widens with
+time.
 A step's source is LOOKUP where a hybrid's lookup matches the row's known tokens, else
 DRAFT (always DRAFT for the other kinds). Each source has its own step costs: in a step
 where every proposing row takes the lookup, the hybrid's feature draft runs its re-read
@@ -44,7 +50,8 @@ This is optimism under uncertainty with discounted evidence (the discounted UCB 
 Garivier and Moulines 2011): a fresh row's bound drafts from its first step whatever the
 prior's mean wherever the table's threshold lies below that bound, a row whose drafts
 were rejected stops drafting once α⁺ falls below the table's threshold (never, for a row
-within sqrt(α̂(1-α̂)(1-KEEP)) below it: KEEP caps n at 1 / (1 - KEEP)), and probes again
+within sqrt(α̂(1-α̂)(1-EVIDENCE_KEEP)) below it: EVIDENCE_KEEP caps m at
+1 / (1 - EVIDENCE_KEEP)), and probes again
 once enough of its evidence has faded; a probe is worth more the closer α̂ sits to the
 threshold and the longer the row went unobserved, the value of the information it buys
 (docs/background.md#gamma).
@@ -77,13 +84,15 @@ Array = jax.Array
 DEFAULT_GAMMA_MAX = 4
 DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt lookup
 # The belief's prior mean α₀ per source and its weight n₀ in pseudo-positions; KEEP, the
-# discount per observed position (about the last 1 / (1 - KEEP) = 10 count); FORGET, the
-# discount per step a column observes nothing; OPTIMISM, the bound's width in standard
-# deviations. Chosen by replaying the held-out set's greedy decodes offline under each
-# rule (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
+# mean's discount per observed position (about the last 1 / (1 - KEEP) = 10 count);
+# EVIDENCE_KEEP, the same for the count the bound's width stands on (about the last 50);
+# FORGET, the discount per step a column observes nothing; OPTIMISM, the bound's width in
+# standard deviations. Chosen by replaying the held-out set's greedy decodes offline under
+# each rule (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
 ALPHA_PRIOR = (0.5, 0.8)
 PRIOR_WEIGHT = 2.0
 KEEP = 0.9
+EVIDENCE_KEEP = 0.98
 FORGET = 0.99
 OPTIMISM = 1.0
 # Drafting "does not pay on this machine" when no γ >= 1 beats a plain step at this α.
@@ -236,18 +245,20 @@ def choose_gamma(alpha: Array, costs: Array) -> Array:
 @flax.struct.dataclass
 class Belief:
   """Each row's evidence about its acceptance per source (module docstring), float32
-  [B,2] each: beta_sum (S, discounted Σ β), count (n, discounted positions) and prior (f,
-  what is left of the prior's weight, 1 at the start)."""
+  [B,2] each: beta_sum (S, discounted Σ β), count (n, positions discounted as S is: the
+  mean's weight), prior (f, what is left of the prior's weight, 1 at the start) and
+  evidence (m, positions discounted by EVIDENCE_KEEP: the bound's weight)."""
 
   beta_sum: Array
   count: Array
   prior: Array
+  evidence: Array
 
 
 def initial_belief(batch: int) -> Belief:
   """Every row's belief before it observes anything: the prior alone (n = 0, f = 1)."""
   zeros = jnp.zeros((batch, len(ALPHA_PRIOR)), jnp.float32)
-  return Belief(beta_sum=zeros, count=zeros, prior=jnp.ones_like(zeros))
+  return Belief(beta_sum=zeros, count=zeros, prior=jnp.ones_like(zeros), evidence=zeros)
 
 
 class GammaRule(Protocol):
@@ -313,6 +324,7 @@ class BeliefRule:
   prior_weight: float = PRIOR_WEIGHT
   keep: float = KEEP
   forget: float = FORGET
+  evidence_keep: float = EVIDENCE_KEEP
   optimism: float = OPTIMISM
   lookahead: bool = True  # probe only where a probe's best outcome would make the row draft
 
@@ -328,6 +340,10 @@ class BeliefRule:
     """float32 [B,2]: n + f n₀, the evidence the mean stands on."""
     return belief.count + belief.prior * self.prior_weight
 
+  def bound_weight(self, belief: Belief) -> Array:
+    """float32 [B,2]: m + f n₀, the evidence the bound's width stands on."""
+    return belief.evidence + belief.prior * self.prior_weight
+
   def mean(self, belief: Belief) -> Array:
     """float32 [B,2]: α̂ = (S + f n₀ α₀) / (n + f n₀) (α₀ once nothing is left of either)."""
     prior = jnp.asarray(self.prior, jnp.float32)
@@ -336,10 +352,10 @@ class BeliefRule:
     return jnp.where(weight > 1e-12, total / jnp.maximum(weight, 1e-12), prior)
 
   def bound(self, belief: Belief) -> Array:
-    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (n + f n₀)))."""
+    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (m + f n₀)))."""
     mean = self.mean(belief)
-    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0) / jnp.maximum(self.weight(belief),
-                                                                         1e-12))
+    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0)
+                      / jnp.maximum(self.bound_weight(belief), 1e-12))
     return jnp.minimum(mean + self.optimism * spread, 1.0)
 
   def choose(self, belief: Belief, costs: Array, source: Array) -> Array:
@@ -378,22 +394,25 @@ class BeliefRule:
 
     A position i is observed when the row proposed it (i <= γ_b) and reached it (every
     earlier draft accepted); the column of the row's source takes them (S ← KEEP S + β_i,
-    n ← KEEP n + 1 each), every column that observed nothing fades by FORGET.
+    n ← KEEP n + 1, f ← KEEP f, m ← EVIDENCE_KEEP m + 1 each), every column that observed
+    nothing fades by FORGET.
     chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G]
     (β_i); source int [B] (the column this step updates).
     """
     j = jnp.arange(beta.shape[1])[None, :]
     observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])
-    total, count, prior = belief.beta_sum, belief.count, belief.prior
+    total, count, prior, evidence = belief.beta_sum, belief.count, belief.prior, belief.evidence
     column = jnp.arange(total.shape[1])[None, :] == source[:, None]  # [B,2]
     for i in range(beta.shape[1]):  # G is small and static
       hit = column & observed[:, i:i + 1]
       total = jnp.where(hit, self.keep * total + beta[:, i:i + 1], total)
       count = jnp.where(hit, self.keep * count + 1.0, count)
       prior = jnp.where(hit, self.keep * prior, prior)
+      evidence = jnp.where(hit, self.evidence_keep * evidence + 1.0, evidence)
     quiet = ~(column & observed.any(axis=1, keepdims=True))
     fade = jnp.where(quiet, self.forget, 1.0)
-    return Belief(beta_sum=fade * total, count=fade * count, prior=fade * prior)
+    return Belief(beta_sum=fade * total, count=fade * count, prior=fade * prior,
+                  evidence=fade * evidence)
 
 
 DEFAULT_RULE = BeliefRule()
