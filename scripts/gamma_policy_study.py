@@ -70,7 +70,9 @@ class SmallProbeRule(adaptive.BeliefRule):
   probe: int = 1
 
   def choose(self, belief, costs, source):
-    exploit = dataclasses.replace(self, optimism=0.0).choose(belief, costs, source)
+    # the default rule's own choice, not this one's (replace keeps the class)
+    exploit = adaptive.BeliefRule.choose(dataclasses.replace(self, optimism=0.0), belief,
+                                         costs, source)
     bound = super().choose(belief, costs, source)
     return jnp.where(exploit > 0, exploit, jnp.minimum(bound, self.probe))
 

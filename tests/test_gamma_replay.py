@@ -1,6 +1,11 @@
 """Offline replay of γ rules (`gamma_replay`): the greedy trace agrees with the decode
 loop's own accepted counts, and the replay's arithmetic on hand-made traces."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -82,3 +87,35 @@ def test_lookup_rows_use_their_own_costs_and_estimate():
   costs = np.asarray([[1.0, 9.0, 9.0, 9.0], [1.0, 1.2, 1.3, 1.4]])
   assert gamma_replay.replay(trace, gamma_replay.Rule(), costs)["gammas"] == {3: 2}
   assert gamma_replay.replay(trace, gamma_replay.Rule(), costs[::-1])["gammas"] == {0: 6}
+
+
+STUDY_RULES = """
+import numpy as np
+import gamma_policy_study as study
+from specdec_jax.gamma import gamma_replay
+hit = np.tile(np.asarray([[1, 1, 1], [0, 0, 0], [1, 0, 0], [0, 0, 0]], bool), (6, 1))
+trace = gamma_replay.GreedyTrace(hit=hit, lookup=np.arange(24) % 3 == 0)
+costs = np.asarray([[1.0, 1.6, 1.9, 2.2]] * 2)
+for name, (rule, _) in study.rules(3).items():
+  got = gamma_replay.replay(trace, rule, costs)
+  print(name, got["tokens"], sorted(got["gammas"]))
+"""
+
+
+def test_every_rule_of_the_policy_study_replays():
+  """scripts/gamma_policy_study.py's rules, each replayed on a hand-made trace (in a
+  process of its own: the script defines its command-line flags on import). Its probe-1
+  rule, a rule defined in the script, probes with one draft where the default rule
+  drafts three."""
+  repo = pathlib.Path(__file__).resolve().parent.parent
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "scripts")]),
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", STUDY_RULES], cwd=repo, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = {line.split()[0]: line.split()[1:] for line in proc.stdout.strip().splitlines()}
+  assert {"auto", "short-width", "probe-1", "probe-2", "fixed-3", "oracle"} <= set(got)
+  assert all(int(tokens) >= 24 for tokens, *_ in got.values())
+  def gammas(name):
+    return {int(g.strip("[],")) for g in got[name][1:]}
+  assert min(gammas("auto")) == 3 and 1 in gammas("probe-1")
