@@ -34,7 +34,7 @@ from specdec_jax.models import sharding
 from specdec_jax.loading import load_pair
 from specdec_jax.decoding.parallel import mesh_generate
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
-from specdec_jax.decoding.spec import AutoGamma, DecodeSpec, TreeProposal
+from specdec_jax.decoding.spec import AutoGamma, DecodeSpec
 
 CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap.py)
 CONFIG_READS = (
@@ -54,6 +54,11 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint read/write at INFO
   config = _CONFIG.value
   sharding.initialize_distributed(config.get("distributed", ""))  # before any other JAX work
+  drafting = str(config.get("draft", "none")).strip() != "none"
+  if config.get("mesh", "") and drafting and (
+      config_proposer.parse_gamma(config.gamma) == "auto" or str(config.get("tree", "")).strip()):
+    raise ValueError("gamma 'auto' and trees run on one device; pass --config.gamma=<int> "
+                     "and no --config.tree with --config.mesh")  # before any model loads
   pair = load_pair(config, _PROMPT.value)
   tok = pair.tokenizer
   proposer, decided_on = None, None  # decided_on: the cost table of gamma 'auto', if any
@@ -70,9 +75,6 @@ def main(argv):
                     verifier=pair.verifier, eos_id=tok.eos_id, vocab_size=pair.vocab_size)
   kw = dict(seed=config.seed, pad_id=tok.eos_id)
   if config.get("mesh", ""):
-    if isinstance(proposer, (AutoGamma, TreeProposal)):
-      raise ValueError("gamma 'auto' and trees run on one device; pass --config.gamma=<int> "
-                       "and no --config.tree with --config.mesh")
     mesh = sharding.make_mesh(config.mesh)
     target = pair.target._replace(params=sharding.shard_params(pair.target_params, mesh))
     draft = pair.draft

@@ -23,16 +23,20 @@ def _generate(*flags):
                         capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("flag,message", [
-    ("--config.mesh=3,3", "error: config.mesh '3,3' needs 9 devices, 1 are available"),
-    ("--config.draft=ngram:0", "error: config.draft ngram draft name must be 'ngram:<n>' "
+@pytest.mark.parametrize("flags,message", [
+    (["--config.mesh=3,3"], "error: config.mesh '3,3' needs 9 devices, 1 are available"),
+    (["--config.draft=ngram:0"], "error: config.draft ngram draft name must be 'ngram:<n>' "
      "with n >= 1"),
+    # refused before the models load and the cost table is measured
+    (["--config.mesh=1,1", "--config.gamma=auto"], "error: gamma 'auto' and trees run on one "
+     "device"),
 ])
-def test_bad_input_exits_2_with_one_line(flag, message):
-  proc = _generate(flag)
+def test_bad_input_exits_2_with_one_line(flags, message):
+  proc = _generate(*flags)
   assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
   assert message in proc.stderr
   assert "Traceback" not in proc.stderr
+  assert "step costs" not in proc.stdout  # no cost table was measured first
 
 
 def test_only_our_own_value_errors_are_user_errors():
