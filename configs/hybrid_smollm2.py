@@ -13,7 +13,7 @@ The config is configs/heldout_smollm2.py (prompt set, γ, temperature and verifi
 configs/smollm2_135m.py) with the draft its argument names:
 
   hybrid (or none)  'hybrid:3', the default draft of configs/smollm2_135m.py, so then the
-                    same run as configs/heldout_smollm2.py (`ngram.HybridDraft`);
+                    same run as configs/heldout_smollm2.py (`drafts.hybrid.HybridDraft`);
   lookup            'ngram:3', the prompt lookup alone (a row without a match proposes
                     nothing and takes a plain step);
   feature           config.feature_draft alone (the shipped drafts/smollm2_feature_v1);

@@ -29,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.target = "smollm2"  # 'smollm2' | '<path>.gguf' | 'hf:<dir>' | 'saved:<dir>'
   c.target_model = ml_collections.ConfigDict()  # dims, for 'random_tiny' only
   # 'none' | 'saved:<dir>' (a feature or an independent draft) | 'truncate:<k>' | 'random'
-  # The hybrid draft (ngram.HybridDraft): where the last 3 tokens occurred earlier in the
+  # The hybrid draft (drafts.hybrid.HybridDraft): where the last 3 tokens occurred earlier in the
   # row, the continuation that followed them (q one-hot); elsewhere the feature draft.
   # It is the default because it beat the feature draft alone on the held-out prompt set
   # (docs/results_archive.md#hybrid; configs/hybrid_smollm2.py runs either part alone).

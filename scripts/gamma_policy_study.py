@@ -17,6 +17,7 @@ speedup over autoregressive decoding per prompt. Rules:
                 drafts again
   no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
                 bound from the evidence it has still clears the threshold
+  no-lookahead  a probe is taken even where its best outcome would not make the row draft
   short-width   the bound's width from the mean's own count (EVIDENCE_KEEP = KEEP, about
                 10 positions): a row just below the threshold never stops probing
   probe-k       the committed rule, but a probe (a step the mean alone would not draft)

@@ -8,7 +8,7 @@ the cost s(γ) of one speculative step in which a row proposes γ drafts, in pla
   measured  s(γ) = t(a whole compiled step of call width γ+1) / t(a plain step), timed in
             the compiled decode loop itself (`machine_costs.measure_steps`): the draft,
             its sampling, the verifier, the lookup and the bookkeeping included;
-  modelled  s(γ) = max(γ, 1) c + v(γ+1) (`step_cost` of `draft_calls(γ)`) from c = draft
+  modelled  s(γ) = γ c + v(γ+1) (`step_cost` of `draft_calls(γ)`) from c = draft
             call / target call (one token) and v(k) = target call over k tokens / over 1
             (`studies`).
 The model leaves out everything but the two models' forward calls (the draft's sampling,

@@ -25,8 +25,9 @@ s_src(γ) plain steps (the measured step costs), observe the hits the loop obser
 move on. Tokens per plain-step cost is the rule's predicted speedup over autoregressive
 decoding on that prompt. The choice and the bookkeeping of each step are the decode
 loop's own functions (the rule's `init`, `choose` and `observe`, `adaptive.GammaRule`;
-held to 0..G as `AutoGamma.choose` holds them); the draft's catch-up
-calls after skipped steps are not counted. How closely the replay predicts measured
+held to 0..G as `AutoGamma.choose` holds them). The measured s(0) includes the
+catch-up calls a draft makes while it is skipped; its catch-up on resuming to draft is
+not counted. How closely the replay predicts measured
 speedups is in docs/results.md#gamma-rules.
 """
 

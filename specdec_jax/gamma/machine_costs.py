@@ -103,10 +103,11 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
   (`config_proposer`), the run then reuses the programs timed here, and the table
   compiles nothing of its own. A timed call runs min(STEPS_PER_CALL, max_new_tokens)
-  steps from a state prefilled with `context` tokens (its step index that many below
+  steps (min(PLAIN_STEPS_PER_CALL, max_new_tokens) for the plain step and γ = 0) from a
+  state prefilled with `context` tokens (its step index that many below
   max_new_tokens), with costs (`forcing_costs`) under which every row takes the width
   timed, and its time is divided by the steps the loop ran (fewer where every row is
-  done first); the plain step is the autoregressive loop's, timed the same way. Each of
+  done first); the plain step is the autoregressive loop's. Each of
   the draft's `cost_sources` is timed on its own text.
   """
   from specdec_jax.decoding import loop
