@@ -10,7 +10,8 @@ of the speedup per chip (docs/tpu_plan.md).
 --topology: a TPU topology name ('v5e:2x2', 'v6e:2x2', 'v5p:2x2x1', 'v5e:4x4', ...; libtpu
 compiles for it on any machine) or 'local' (this machine's own devices: no libtpu needed).
 --from: a stored result file; its per-prompt α and tokens per step give the predicted
-speedups printed beside its measured CPU figures. No weights are read and nothing runs.
+speedups printed beside its measured CPU figures. A file of several columns side by side
+(`benchmark.py --gammas=...`) gives the column of the config's γ and verifier. No weights are read and nothing runs.
 """
 
 import dataclasses
@@ -58,14 +59,13 @@ def _checked_flags(config):
                      f"'local', got {topology!r}")
   rows = None
   if _FROM.value:
+    from specdec_jax.bench import roofline
     try:
       with open(_FROM.value) as f:
         doc = json.load(f)
-      rows = [p for row in doc["rows"] for p in (row.get("prompts") or [row])]
-      [(float(p["alpha"]), float(p["tokens_per_step"])) for p in rows]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"--from={_FROM.value}: not a benchmark result file (rows with alpha "
-                       f"and tokens_per_step; {type(e).__name__}: {e})") from None
+      rows = roofline.prompt_rows(doc, gamma=config.gamma, verifier=config.verifier)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"--from={_FROM.value}: {e}") from None
   if not 2 <= _MAX_TOKENS.value <= 64:
     raise ValueError(f"--max_tokens must lie in 2..64, got {_MAX_TOKENS.value}")
   if _OVERHEAD.value < 0 or not math.isfinite(_OVERHEAD.value):

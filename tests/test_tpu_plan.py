@@ -69,6 +69,30 @@ def test_plan_models_names_every_draft_kind_of_a_config():
   assert [label.split()[0] for label in drafts] == ["independent", "lookup", "hybrid"]
 
 
+def test_a_side_by_side_file_predicts_from_the_configs_column_alone():
+  """`--from` a file of several γ columns: the rows of the config's γ and verifier, each
+  prompt once (all columns pooled would count every prompt once per column); a file
+  without that column is one line, exit 2, before any compile."""
+  doc = {"rows": [
+      {"gamma": g, "verifier": "block",
+       "prompts": [{"id": f"p{i}", "gamma": g, "alpha": a, "tokens_per_step": 1.5}
+                   for i, a in enumerate((0.2, 0.8))]} for g in ("auto", 1, 3)]}
+  rows = roofline.prompt_rows(doc, gamma=3, verifier="block")
+  assert [(r["id"], r["gamma"]) for r in rows] == [("p0", 3), ("p1", 3)]
+  assert [r["gamma"] for r in roofline.prompt_rows(doc, gamma="auto", verifier="block")] == [
+      "auto", "auto"]
+  one = {"rows": doc["rows"][:1]}  # one column: its rows, whatever the config's γ
+  assert len(roofline.prompt_rows(one, gamma=2, verifier="token")) == 2
+  with pytest.raises(ValueError, match="not one of them is gamma 2 block"):
+    roofline.prompt_rows(doc, gamma=2, verifier="block")
+  with pytest.raises(ValueError, match="alpha and tokens_per_step"):
+    roofline.prompt_rows({"rows": [{"prompts": [{"id": "x"}]}]}, gamma=2, verifier="block")
+  out = _plan("--config=configs/tiny.py", "--config.gamma=5", "--topology=local",
+              "--from=docs/results/benchmark_heldout_smollm2.json")
+  assert out.returncode == 2 and out.stderr.strip().startswith("error: --from=")
+  assert "gamma auto block" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
 def test_roofline_is_the_larger_of_memory_and_compute_time():
   chip = roofline.Chip("test", ("test",), 1e9, 1e9, 1e12, "none")
   assert chip.seconds(dict(bytes=2e9, flops=1e12)) == pytest.approx(2.0)  # memory-bound

@@ -94,6 +94,35 @@ def step_model(pieces: dict, chip: Chip, call_overhead_s: float = 0.0) -> dict:
   return dict(target_seconds=target[1], v=v, c=c, step_costs=steps, bound=bound)
 
 
+def prompt_rows(doc: dict, *, gamma, verifier: str) -> list[dict]:
+  """The per-prompt rows of a benchmark result file to predict at.
+
+  A file of one column gives its rows. A file of several columns side by side
+  (`benchmark.py --gammas=...`) gives those of the column run at `gamma` ('auto' or a
+  number) with `verifier`; mixing columns would count each prompt once per column.
+  ValueError, one line, if there is no such column or a row lacks α or tokens per step.
+  """
+  try:
+    columns = list(doc["rows"])
+    labels = [f"gamma {c.get('gamma')} {c.get('verifier')}" for c in columns]
+  except (KeyError, TypeError, AttributeError) as e:
+    raise ValueError(f"not a benchmark result file (no rows; {type(e).__name__}: {e})") from None
+  if len(columns) > 1:
+    columns = [c for c in columns
+               if str(c.get("gamma")) == str(gamma) and c.get("verifier") == verifier]
+    if len(columns) != 1:
+      raise ValueError(f"holds the columns {', '.join(labels)}; not one of them is "
+                       f"gamma {gamma} {verifier}, the config's")
+  try:
+    rows = [p for column in columns for p in (column.get("prompts") or [column])]
+    for p in rows:
+      float(p["alpha"]), float(p["tokens_per_step"])
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    raise ValueError(f"not a benchmark result file (rows with alpha and tokens_per_step; "
+                     f"{type(e).__name__}: {e})") from None
+  return rows
+
+
 def predict(model: dict, rows: list[dict], gamma_max: int) -> dict:
   """Predicted speedups over plain decoding on a chip, per stored prompt row.
 
