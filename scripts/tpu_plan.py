@@ -11,7 +11,8 @@ of the speedup per chip (docs/tpu_plan.md).
 compiles for it on any machine) or 'local' (this machine's own devices: no libtpu needed).
 --from: a stored result file; its per-prompt α and tokens per step give the predicted
 speedups printed beside its measured CPU figures. A file of several columns side by side
-(`benchmark.py --gammas=...`) gives the column of the config's γ and verifier. No weights are read and nothing runs.
+(`benchmark.py --gammas=...`) gives the column of the config's γ and verifier
+(`roofline.prompt_rows`). No weights are read and nothing runs.
 """
 
 import dataclasses
