@@ -6,8 +6,8 @@ r"""A feature draft (EAGLE-3 style) for SmolLM2-135M-Instruct, trained on cached
 The draft is one decoder layer of the target's shape (d=576), initialised from the
 target's last block. At position i it reads the target's embedding of x_i and the
 target's residual streams after blocks 4, 16, 29 and 30 at position i-1, each
-RMS-normalised and fused by one linear map to 576; its head scores the 8192 most
-frequent training tokens (plus EOS/BOS), initialised from the target's tied head.
+RMS-normalised and fused by one linear map to 576; its head scores 8192 ids, EOS,
+BOS and the 8190 most frequent training tokens, initialised from the target's tied head.
 Where the target's features do not exist yet (the 2nd..γ-th drafted token) it reads its
 own last hidden state; training unrolls it `unroll` passes that way (training-time test).
 

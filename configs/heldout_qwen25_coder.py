@@ -13,8 +13,8 @@ the ChatML template with Qwen's default system message), each alone: our autoreg
 speculative decoding timed side by side (compile excluded), then, after our copy of the
 pair is freed, transformers' plain and assisted generation (its default assistant
 settings) on the same token ids, max_new_tokens and temperature. One timed call per
-sampler and prompt (repeats = 1): a prompt takes a minute on 2 CPU cores, and the set's
-figure is the geometric mean over prompts with its 95% interval. Run it alone.
+sampler and prompt (repeats = 1; each result file records its phases' times), and the
+set's figure is the geometric mean over prompts with its 95% interval. Run it alone.
 
 Draft, γ and verifier are those of configs/qwen25_coder.py (the independent 0.5B draft
 with its head cut to 65,536 ids, γ = 3, block verification).

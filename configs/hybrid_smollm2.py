@@ -25,9 +25,8 @@ proposes the feature draft's tokens with its own q. Why n = 3 and not 1 or 2: a 
 one or two BPE tokens (", and", " of the") recurs by chance in ordinary prose and would
 replace the feature draft's proposal with a near-arbitrary continuation; three tokens
 recur mostly where the text really repeats (refrains, code, lists, greedy loops), where a
-lookup is nearly always right. In replays of the held-out set under each machine's own
-step costs, n = 2 and n = 3 were close on a machine with AVX-512 and n = 3 clearly ahead on
-one without, where a failed lookup step costs more; n = 4 was below n = 3 on both. Exact
+lookup is nearly always right. Replays of the held-out set under each machine's own
+step costs for n = 2, 3 and 4: docs/results_archive.md#hybrid. Exact
 at any temperature: the choice of branch depends only on tokens already known
 (tests/test_hybrid.py). Expected: the same greedy text as --config.draft=none.
 

@@ -9,13 +9,14 @@ r"""A Llama-3.2-1B-shaped target (random weights) on a ('data', 'model') device 
       --config.distributed=auto --prompt "Give thanks"
 
 The target has Llama-3.2-1B's shape (16 layers, d=2048, 32 heads, 8 kv heads, MLP 8192:
-1.24B params with SmolLM2's 49,152-token vocabulary) and random weights, so its text
+1.07B params with SmolLM2's 49,152-token tied vocabulary) and random weights, so its text
 means nothing: it is sized to exercise tensor parallelism, and its heads, kv heads and
 MLP width divide a 'model' axis of 2, 4 or 8 (`specdec_jax.models.sharding` splits them
 Megatron-style). The draft is the prompt-lookup draft, which needs no weights. For a
 real pair of this size, point `target` at a Llama/Qwen2 GGUF or a `hf:<dir>` and the
-draft at a `saved:<dir>` distilled for it (docs/scale_out.md). No figure of this config
-is recorded yet: `scripts/mesh_benchmark.py --out=FILE.json` writes one with its machine.
+draft at a `saved:<dir>` distilled for it (docs/scale_out.md). Its TPU compile plan is
+docs/results.md#tpu-plan-llama-mesh; no mesh timing is recorded yet:
+`scripts/mesh_benchmark.py --out=FILE.json` writes one with its machine.
 """
 
 import ml_collections

@@ -2,15 +2,15 @@ r"""SmolLM2-135M with the prompt-lookup (n-gram) draft on a repetitive text.
 
   python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py --gammas=auto,2,4,8
   python scripts/benchmark.py --config=configs/smollm2_135m.py --config.draft=ngram:3 \
-      --gammas=2,4,8                                      # free prose: Luke's opening
+      --gammas=2,4,8                                      # free prose: the bicycles prompt
 
 The prompt is the opening of Psalm 136 (World English Bible, the corpus of
 `specdec_jax.io.corpora`), whose refrain "For his loving kindness endures forever" comes
 back every line: the draft proposes what followed the last match of up to 3 trailing
 tokens, at no draft cost and with no training.
 
-Figures: docs/results.md#prompt-lookup (the first command); the lookup on Luke's opening
-and both verifiers at an earlier commit: docs/results_archive.md#block-and-lookup.
+Figures: docs/results.md#prompt-lookup (the first command with --gammas=2,4,8); the lookup on
+Luke's opening and both verifiers at an earlier commit: docs/results_archive.md#block-and-lookup.
 """
 
 import ml_collections

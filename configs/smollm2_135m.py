@@ -68,8 +68,8 @@ def get_config() -> ml_collections.ConfigDict:
   # or a fixed count, e.g. --config.gamma=2 (γ = 1..4 fixed: docs/results.md#smollm2).
   c.gamma = "auto"
   # widest step of gamma 'auto' (one compiled branch per width 1..7). The hybrid's lookup
-  # steps skip the feature draft's deeper drafts, so long lookup runs pay up to 6 here;
-  # the feature draft's own steps rarely choose more than 3 (its step costs rise faster:
+  # steps skip the feature draft's deeper drafts, so long lookup runs may pay up to 6 here,
+  # while the feature draft's own step costs rise faster (each result's γ histogram:
   # docs/results.md#gamma-rules).
   c.gamma_max = 6
   # gamma 'auto' with a pinned cost table: a cached table of runs/costs/ or the result file

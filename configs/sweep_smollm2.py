@@ -47,7 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Grid.
   c.gammas = (1, 2, 3, 4)
   c.temperatures = (0.0, 1.0)
-  c.verifier = "block"  # 'block' | 'token' (speculative.VERIFIERS)
+  c.verifier = "block"  # 'block' | 'token' (decoding.spec.VERIFIERS)
   c.top_k = 0
   c.top_p = 1.0
   c.max_new_tokens = 48

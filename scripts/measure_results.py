@@ -12,9 +12,9 @@ the wall time of each. Timings are only worth committing from a machine with not
 running. The SmolLM2 sections measure the draft of configs/smollm2_135m.py, which
 is shipped in drafts/ (`make distill` trains it again).
 
-Expected on a 2-core CPU: tiny ~1 min; each SmolLM2 benchmark 2-4 min; the sweep
-(acceptance only, 32 windows, γ = 1..4, T = 0 and 1) 5-10 min; fresh-clone (a `git clone`
-of HEAD, then `make run` and `make test` in it, installation included) 20-30 min.
+The sweep measures acceptance only (32 windows, γ = 1..4, T = 0 and 1); fresh-clone is a
+`git clone` of HEAD, then `make run` and `make test` in it, installation included. Each
+result file records its phases' times (`phases_s`; fresh-clone's: docs/results.md#fresh-clone).
 """
 
 import os

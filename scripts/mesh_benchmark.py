@@ -1,7 +1,7 @@
 r"""Decoding on a ('data', 'model') device mesh against one device, side by side.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=2 python scripts/mesh_benchmark.py \
-      --config=configs/smollm2_135m.py --config.mesh=1,2 [--out=FILE.json]
+      --config=configs/smollm2_135m.py --config.gamma=2 --config.mesh=1,2 [--out=FILE.json]
 
 Same model, prompts, settings and seed on both layouts: autoregressive decoding, and
 speculative decoding when the config has a draft, each with the vocabulary (embedding

@@ -11,7 +11,7 @@ Every prompt of configs/prompts/heldout.json (30; chat prompts through the ChatM
 template) in one batch, padded to the longest, 32 new tokens (no EOS stop), seed 0,
 target SmolLM2-135M and the feature draft 'saved:drafts/smollm2_feature_v1' alone (no
 lookup). Per configuration: tokens per target call = emitted tokens / steps of each row,
-the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..4
+the mean over prompts and its 95% Student-t interval. Configurations: chains γ = 1..6
 (block verifier, the default) at T=0 and T=1, and trees (`decoding.tree_step`) with rule 'topk'
 at T=0 and both rules at T=1. A shape is a branching per depth ('3x2x1') or 'best:N':
 the N-node tree of `tree_shapes.best_first` under the rank table a[d, r] (below), or

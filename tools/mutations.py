@@ -1,7 +1,7 @@
 r"""Mutation check: break one piece of the algorithm at a time and show that a fast test
 (one `make test` runs, not marked slow) fails.
 
-  python tools/mutations.py [--only=NAME,...] [--out=FILE.json] [--keep]
+  python tools/mutations.py [--only=NAME,...] [--out=FILE.json] [--workers=N]
 
 Each mutation replaces one exact piece of text in one file (it must occur exactly once)
 and names the fast test files that should catch it. For each, the working tree is copied

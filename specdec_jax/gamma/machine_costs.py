@@ -226,7 +226,7 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
                  verifier=pair.verifier)
   path = cache_path(directory, key)
   if not path.exists():
-    log(f"measuring this machine's step costs once (a minute or two; cached in {path.name} "
+    log(f"measuring this machine's step costs once (cached in {path.name} "
         f"under {os.path.basename(os.fspath(directory))}/) ...")
   table, _ = load_or_measure(directory, key, gamma_max, lambda: measure_steps(
       pair.target, pair.draft, gamma_max=gamma_max, batch=batch, sampling=pair.sampling,

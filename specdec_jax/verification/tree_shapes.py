@@ -28,7 +28,8 @@ notations from a config string.
 A *dynamic* tree (EAGLE-2, Li et al. 2024) is a shape with a node `budget` N' < N: the N
 nodes are drafted as candidates, and each row sends only the N' of the largest draft path
 probability to the target (`decoding.tree_step`), so the tree's form follows the draft's
-confidence step by step ('dynamic:15:best:48' in a config: 15 of a 48-node candidate tree).
+confidence step by step ('dynamic:6:3x2x1' in a config: 6 of the 9 nodes of a 3x2x1 tree;
+scripts/tree_study.py also takes 'dynamic:15:best:48', a 48-node best-first candidate tree).
 """
 
 from __future__ import annotations
