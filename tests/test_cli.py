@@ -42,15 +42,13 @@ def test_bad_input_exits_2_with_one_line(flags, message):
 def test_only_our_own_value_errors_are_user_errors():
   def ours():
     raise ValueError("bad value 3")
-  try:
+  with pytest.raises(ValueError) as raised:
     ours()
-  except ValueError as exc:  # raised in tests/: not the library's own input check
-    assert not _bootstrap.is_user_error(exc)
+  assert not _bootstrap.is_user_error(raised.value)  # raised in tests/: not an input check
   from specdec_jax.models.sharding import parse_mesh_shape
-  try:
+  with pytest.raises(ValueError) as raised:
     parse_mesh_shape("x")
-  except ValueError as exc:
-    assert _bootstrap.is_user_error(exc)
+  assert _bootstrap.is_user_error(raised.value)
   assert not _bootstrap.is_user_error(RuntimeError("a bug"))
 
 

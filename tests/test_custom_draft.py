@@ -119,6 +119,10 @@ def test_greedy_equals_autoregressive(pair, path):
   out = speculative_generate(target, draft, prompts,
                              spec=DecodeSpec(7, proposer, sampling=greedy))
   np.testing.assert_array_equal(out.tokens, plain.tokens)
+  # the drafts really took part: some were proposed and some accepted (a step that
+  # rejected every draft, or an 'auto' that never drafted, would pass the line above)
+  assert (np.asarray(out.gammas) > 0).any()
+  assert (np.asarray(out.accepted) > 0).any()
 
 
 @pytest.mark.parametrize("path", sorted(PROPOSERS))
@@ -193,6 +197,7 @@ def test_wrapping_kind_greedy_equals_autoregressive(wrapped_pair):
   live = gammas >= 0
   assert (gammas[:, 1::2][live[:, 1::2]] == 0).all()  # odd steps propose nothing
   assert (gammas[:, ::2][live[:, ::2]] == 3).all()
+  assert (np.asarray(out.accepted) > 0).any()  # its drafts were accepted, not just made
 
 
 def test_wrapping_kind_sequences_follow_target_distribution(wrapped_pair):

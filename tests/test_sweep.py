@@ -73,14 +73,20 @@ def test_timing_columns_are_separate(two_runs):
   assert all(r["time_speedup"] > 0 for r in results[0]["grid"])
 
 
-@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
-def test_predicted_tokens_per_step_formula(two_runs):
+def test_predicted_tokens_per_step_formula():
   assert studies.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
   assert studies.expected_tokens_per_step(0.0, 4) == pytest.approx(1.0)
   assert studies.expected_tokens_per_step(1.0, 4) == 5.0
   assert studies.expected_tokens_per_step(0.8, 3) == pytest.approx(2.952)
   assert studies.expected_tokens_total(0.5, {0: 2, 2: 3}) == pytest.approx(2 + 3 * 1.75)
   assert studies.expected_tokens_total(float("nan"), {0: 4}) == 4.0  # nothing drafted
+  # E / (γ c + v(γ+1)), and a plain step (γ = 0) costs v(1) = 1 whatever c
+  assert studies.predicted_speedup(0.5, 2, c=0.25, verify_cost=1.25) == pytest.approx(1.0)
+  assert studies.predicted_speedup(0.9, 0, c=0.5) == 1.0
+
+
+@pytest.mark.slow  # two whole sweeps, end to end (make test-all)
+def test_sweep_rows_predict_with_the_formula(two_runs):
   for row in two_runs[0][0]["grid"]:
     assert row["predicted_tokens_per_step"] == pytest.approx(
         (1 - row["alpha"] ** (row["gamma"] + 1)) / (1 - row["alpha"]))

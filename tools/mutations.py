@@ -94,6 +94,17 @@ MUTATIONS = (
              "  return state.replace(target_cache=with_length(target_cache, new_length),",
              "  return state.replace(target_cache=with_length(target_cache, length),",
              ("tests/test_adaptive_gamma.py",)),
+    Mutation("warp_temperature", "the warp leaves the temperature out",
+             "specdec_jax/models/sampling.py", "  logits = logits / temperature\n",
+             "  logits = logits\n", ("tests/test_sampling.py",)),
+    Mutation("warp_nucleus", "top-p keeps a token only if the mass up to and including it "
+             "is within p (it drops the token that reaches p)",
+             "specdec_jax/models/sampling.py", "    keep = mass_before < top_p\n",
+             "    keep = mass_before + sorted_probs <= top_p\n", ("tests/test_sampling.py",)),
+    Mutation("greedy_verifier", "a T = 0 step verifies with the spec's sampled verifier "
+             "instead of argmax matching", "specdec_jax/decoding/step.py",
+             "  verify_fn = greedy_verify if greedy else spec.verify_fn\n",
+             "  verify_fn = spec.verify_fn\n", ("tests/test_verify.py",)),
 )
 
 

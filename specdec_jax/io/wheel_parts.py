@@ -114,7 +114,8 @@ FILES: dict[str, SplitFile] = {
 }
 # The ModelConfig fields each file's GGUF header gives (`gguf.config_from_gguf`, dtype
 # and max_seq_len aside): the shapes a compile plan needs before `make qwen` has run
-# (`loading.model_config_of`); tests/test_qwen_shape.py checks them against the header.
+# (`loading.model_config_of`); tests/test_tpu_plan.py checks them against the header
+# where the files are fetched (their sha256 above pins the header).
 HEADER_CONFIGS: dict[str, dict] = {
     "qwen2.5-coder-1.5b-instruct": dict(
         vocab_size=151_936, num_layers=28, embed_dim=1536, mlp_dim=8960, num_heads=12,
