@@ -41,7 +41,8 @@ results-measure: $(STAMP)
 	$(PY) scripts/results.py
 
 # the shipped draft from scratch (configs/distill_feature_shipped.py, at low priority; its
-# training time: docs/results.md#distill; re-running resumes), exported in float16 to $(SHIPPED_DRAFT)
+# training time: docs/results.md#distill; re-running resumes), exported in float16 to
+# $(SHIPPED_DRAFT)
 DISTILL_WORKDIR ?= runs/distill_feature_shipped
 SHIPPED_DRAFT ?= drafts/smollm2_feature_v1
 distill: $(STAMP)

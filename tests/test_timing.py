@@ -30,28 +30,31 @@ def test_interleaved_calls_each_fn_once_per_round_after_an_optional_warm_up():
   assert calls == ["a", "b"] * 3  # one untimed warm-up round, then two timed
 
 
+def _clock(monkeypatch, *seconds):
+  """timing.timed_call reads these durations, in order, for the calls it makes."""
+  durations = iter(seconds)
+  monkeypatch.setattr(timing, "timed_call", lambda fn: (next(durations), fn()))
+
+
 def test_interleaved_seconds_are_each_fns_own_median(monkeypatch):
   """Each name gets the median of its own calls' seconds: the warm-up round's are left
   out, and the rounds' are not mixed across names."""
-  durations = iter([50.0, 60.0,  # warm-up round: a, b
-                    1.0, 10.0, 3.0, 30.0, 2.0, 20.0])  # three rounds: a, b
-  monkeypatch.setattr(timing, "timed_call", lambda fn: (next(durations), fn()))
+  _clock(monkeypatch, 50.0, 60.0,  # warm-up round: a, b
+         1.0, 10.0, 3.0, 30.0, 2.0, 20.0)  # three rounds: a, b
   seconds, _ = timing.interleaved_seconds({"a": lambda: 0, "b": lambda: 0}, 3, warmup=True)
   assert seconds == {"a": 2.0, "b": 20.0}
 
 
 def test_repeated_seconds_warm_up_and_statistics(monkeypatch):
   calls, make = _recorder()
-  durations = iter([9.0, 4.0, 1.0, 3.0, 2.0])  # the warm-up call, then four repeats
-  monkeypatch.setattr(timing, "timed_call", lambda fn: (next(durations), fn()))
+  _clock(monkeypatch, 9.0, 4.0, 1.0, 3.0, 2.0)  # the warm-up call, then four repeats
   first, median = timing.repeated_seconds(make("f"), 4)
   assert len(calls) == 5 and first == 9.0 and median == 2.5  # the warm-up's own seconds
   calls.clear()
-  durations = iter([4.0, 1.0, 3.0, 2.0])
+  _clock(monkeypatch, 4.0, 1.0, 3.0, 2.0)
   first, median = timing.repeated_seconds(make("f"), 4, warmup=False)
   assert len(calls) == 4 and math.isnan(first) and median == 2.5
-  durations = iter([3.0, 1.0, 2.0])
-  monkeypatch.setattr(timing, "timed_call", lambda fn: (next(durations), fn()))
+  _clock(monkeypatch, 3.0, 1.0, 2.0)
   assert timing.repeated_seconds(lambda: None, 3, warmup=False, statistic="min")[1] == 1.0
   with pytest.raises(ValueError, match="statistic"):
     timing.repeated_seconds(lambda: None, 1, statistic="mean")

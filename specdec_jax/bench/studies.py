@@ -6,7 +6,7 @@ Letters: B batch, G = γ drafted tokens per step.
   E[tokens/step]       (1 - α^(G+1)) / (1 - α)                  (i.i.d. acceptance)
   c                    draft step time / target step time      (one token, batch B)
   v(k)                 target time for k tokens / for 1 token  (1 on ideal hardware)
-  predicted speedup    E[tokens/step] / (G c + v(G+1))          (`adaptive.step_cost`; 1 at G = 0)
+  predicted speedup    E[tokens/step] / (G c + v(G+1))          (`adaptive.step_cost`; G = 0: 1)
   never-drafting floor (P + N) / (P + D + N - 1 + s)            (`never_drafting_floor`)
 
 Timings are wall-clock medians over repeats after a warm-up call, so compile time

@@ -2,13 +2,13 @@
 
 Letters: V vocabulary, C kept ids (the head's columns), D model width.
 
-An independent draft spends a large part of each call on its output head: the untied
-151,936 x 896 head of Qwen2.5-Coder-0.5B's GGUF file is about a fifth of its weights. A subset head
+An independent draft spends a large part of each call on its output head: the untied 151,936
+x 896 head of Qwen2.5-Coder-0.5B's GGUF file is about a fifth of its weights. A subset head
 scores only C of the V ids (`ModelConfig.head_tokens`) and gives every other id q = 0.
-Verification stays exact for any q (docs/exactness.md); a q that is 0 where the target
-would pick an id only lowers acceptance there, so the ids kept are the ones the target
-itself emits most often (FR-Spec, Zhao et al., ACL 2025, ranks them by frequency in a
-corpus; we rank them in the target's own answers, the text a draft has to predict).
+Verification stays exact for any q (docs/exactness.md); a q that is 0 where the target would
+pick an id only lowers acceptance there, so the ids kept are the ones the target itself
+emits most often (FR-Spec, Zhao et al., ACL 2025, ranks them by frequency in a corpus; we
+rank them in the target's own answers, the text a draft has to predict).
 
 A head-tokens file (JSON, written by `scripts/head_tokens.py` and read at load time):
 

@@ -29,13 +29,13 @@ no real query ever attends them once `length` is set to the true prompt length.
 Layers are stacked along a leading L axis (`nn.scan`), so params and caches are
 plain pytrees of arrays that can carry `jax.sharding` shardings.
 
-Serving layout (`layouts.serving_layout`; decoding scripts use it). Stored input-major
-(gate [D,F]), a call over T tokens is x[T,D] @ W; on XLA:CPU that streams W at full
-bandwidth only for T = 1, and a verify call over a few tokens costs more (measured v(k):
-docs/design.md#verify-cost). Stored
-output-major (`gate_t` [F,D]), a call over 2..SKINNY_ROWS tokens on the CPU is a fused
-multiply-sum over rows of W^T that streams W once (`matmul.out_major_matmul`;
-docs/background.md#cpu): the same products in another memory order.
+Serving layout (`layouts.serving_layout`; decoding scripts use it). Stored input-major (gate
+[D,F]), a call over T tokens is x[T,D] @ W; on XLA:CPU that streams W at full bandwidth only
+for T = 1, and a verify call over a few tokens costs more (measured v(k):
+docs/design.md#verify-cost). Stored output-major (`gate_t` [F,D]), a call over
+2..SKINNY_ROWS tokens on the CPU is a fused multiply-sum over rows of W^T that streams W
+once (`matmul.out_major_matmul`; docs/background.md#cpu): the same products in another
+memory order.
 
 Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
 stream after l_i blocks (0 = the embedding, L = the last block, before the final norm),
