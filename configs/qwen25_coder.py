@@ -52,5 +52,11 @@ def get_config() -> ml_collections.ConfigDict:
   )
   c.gamma = "3"  # drafts per step, or 'auto' (per row and step, up to gamma_max)
   c.gamma_max = 4
+  # gamma 'auto': every row starts believing the draft agrees this often, near the pair's
+  # measured mean acceptance (docs/results.md#head-subset-qwen), so a row drafts from its
+  # first step and an early rejection does not switch it off (the rule's default, 0.5, sits
+  # at this pair's threshold). Chosen by replaying the held-out set under each prior
+  # (scripts/gamma_policy_study.py; docs/results.md#gamma-rules-qwen).
+  c.gamma_prior = 0.8
   c.max_new_tokens = 48
   return c

@@ -72,6 +72,9 @@ def get_config() -> ml_collections.ConfigDict:
   # while the feature draft's own step costs rise faster (each result's γ histogram:
   # docs/results.md#gamma-rules).
   c.gamma_max = 6
+  # gamma 'auto': every row's prior acceptance of the draft before it has seen any
+  # (`config_proposer.config_rule`); 0 = the rule's default (gamma.adaptive.ALPHA_PRIOR).
+  c.gamma_prior = 0.0
   # gamma 'auto' with a pinned cost table: a cached table of runs/costs/ or the result file
   # of an earlier gamma 'auto' run (it records its table); the same γ choices, and so the
   # same tokens for the same seed, on any machine. '' = this machine's measured table.

@@ -33,6 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.gamma = "3"  # drafts per step, or 'auto' (per row and step, up to gamma_max)
   c.gamma_max = 3
   c.costs = ""  # gamma 'auto': a pinned cost table file ('' = this machine's, measured)
+  c.gamma_prior = 0.0  # gamma 'auto': the draft's prior acceptance (0 = the rule's default)
   c.verifier = "block"  # 'block' (Sun et al. 2025; the default) | 'token' (Leviathan et al.)
   c.tree = ""  # a token tree per step, e.g. '2,2,1' (configs/smollm2_135m.py); '' = a chain
   c.tree_rule = "sampled"  # 'sampled' | 'topk'

@@ -53,7 +53,7 @@ CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma", "gamma_max",
+    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma", "gamma_max", "gamma_prior",
     "costs", "verifier", "tree", "tree_rule", "temperature", "top_k", "top_p",
     "max_new_tokens", "batch_size", "seed", "repeats"
 )
@@ -290,8 +290,10 @@ def main(argv):
         directory=_bootstrap.COSTS_DIR,
         run=dict(context=width, max_new_tokens=int(config.max_new_tokens),
                  eos_id=None))
-    auto = dict(gamma_max=gamma_max, costs=table)
-    print(f"gamma auto: gamma_max {gamma_max}, cost table {cost_cache.describe(table)}")
+    rule = config_proposer.config_rule(config)
+    auto = dict(gamma_max=gamma_max, costs=table, rule=rule)
+    print(f"gamma auto: gamma_max {gamma_max}, prior alpha {rule.prior[adaptive.DRAFT]} "
+          f"(draft), cost table {cost_cache.describe(table)}")
     if not table.drafting_pays(gamma_max):
       print("gamma auto: drafting does not pay on this machine even at alpha "
             f"{adaptive.PAYS_AT_ALPHA} (generate and run decode autoregressively); the "

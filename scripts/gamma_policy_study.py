@@ -10,7 +10,9 @@ or independent draft, or a hybrid over one; `specdec_jax.gamma.gamma_replay`). E
 then replays every prompt under this machine's measured step costs
 (`machine_costs.table_for`, the benchmark's cached table at batch 1), giving its predicted
 speedup over autoregressive decoding per prompt. Rules:
-  auto          the committed gamma='auto' rule: one α̂ and one cost row per source
+  auto          the config's gamma='auto' rule (the default rule, with config.gamma_prior
+                where set): one α̂ and one cost row per source; the rules below change it
+                in one respect each
   one-estimate  one belief for both sources, every drafting step at the feature draft's
                 full step costs
   no-optimism   the belief's mean alone (OPTIMISM = 0): a row below the threshold never
@@ -20,7 +22,8 @@ speedup over autoregressive decoding per prompt. Rules:
   no-lookahead  a probe is taken even where its best outcome would not make the row draft
   short-width   the bound's width from the mean's own count (EVIDENCE_KEEP = KEEP, about
                 10 positions): a row just below the threshold never stops probing
-  probe-k       the committed rule, but a probe (a step the mean alone would not draft)
+  default-prior the default rule's prior (where config.gamma_prior sets another)
+  probe-k       the config's rule, but a probe (a step the mean alone would not draft)
                 proposes at most k drafts (`SmallProbeRule`, a γ rule defined in this file)
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
   oracle        each step the γ of the most tokens per cost given its true depth (a bound)
@@ -44,6 +47,7 @@ from ml_collections import config_flags
 from specdec_jax.gamma import adaptive, cost_cache, gamma_replay, machine_costs
 
 from specdec_jax.bench import prompt_sets
+from specdec_jax.config_proposer import config_rule
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -52,7 +56,7 @@ CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "costs",
+    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "gamma_prior", "costs",
     "verifier", "top_k", "top_p", "max_new_tokens", "seed"
 )
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/heldout_smollm2.py",
@@ -78,18 +82,22 @@ class SmallProbeRule(adaptive.BeliefRule):
     return jnp.where(exploit > 0, exploit, jnp.minimum(bound, self.probe))
 
 
-def rules(gamma_max: int) -> dict[str, tuple[gamma_replay.Rule, bool]]:
-  """name -> (rule, lookup steps at their own costs)."""
-  base = adaptive.DEFAULT_RULE
-  out = {"auto": (gamma_replay.Rule(), True),
-         "one-estimate": (gamma_replay.Rule(by_source=False), False),
+def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE
+          ) -> dict[str, tuple[gamma_replay.Rule, bool]]:
+  """name -> (rule, lookup steps at their own costs); base: the config's gamma 'auto' rule
+  (`config_proposer.config_rule`), which every variant changes in one respect."""
+  fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+  out = {"auto": (gamma_replay.Rule(base), True),
+         "one-estimate": (gamma_replay.Rule(base, by_source=False), False),
          "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
          "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True),
          "short-width": (gamma_replay.Rule(dataclasses.replace(base, evidence_keep=base.keep)),
                          True),
          "no-lookahead": (gamma_replay.Rule(dataclasses.replace(base, lookahead=False)), True),
-         "probe-1": (gamma_replay.Rule(SmallProbeRule(probe=1)), True),
-         "probe-2": (gamma_replay.Rule(SmallProbeRule(probe=2)), True)}
+         "probe-1": (gamma_replay.Rule(SmallProbeRule(**fields, probe=1)), True),
+         "probe-2": (gamma_replay.Rule(SmallProbeRule(**fields, probe=2)), True)}
+  if base != adaptive.DEFAULT_RULE:
+    out["default-prior"] = (gamma_replay.Rule(), True)
   for g in range(1, gamma_max + 1):
     out[f"fixed-{g}"] = (gamma_replay.Rule(fixed=g), True)
   out["oracle"] = (gamma_replay.Rule(oracle=True), True)
@@ -126,7 +134,7 @@ def main(argv):
           f"lookup at {trace.lookup.mean():.0%} of starts")
   domains = [r.domain for r in records]
   rows = []
-  for name, (rule, own_lookup_costs) in rules(gamma_max).items():
+  for name, (rule, own_lookup_costs) in rules(gamma_max, config_rule(config)).items():
     rule_costs = costs if own_lookup_costs else np.stack([costs[0], costs[0]])
     runs = [gamma_replay.replay(t, rule, rule_costs, max_new) for t in traces]
     speedups = [r["speedup"] for r in runs]

@@ -31,7 +31,7 @@ CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "costs", "verifier",
+    "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "gamma_prior", "costs", "verifier",
     "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
     "seed"
 )
@@ -77,7 +77,7 @@ def main(argv):
   if isinstance(proposer, config_proposer.PlainDecoding):
     print(proposer.line + "; the soak runs gamma 'auto' anyway (plain steps)")
     gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
-    proposer = AutoGamma(proposer.table, gamma_max)
+    proposer = AutoGamma(proposer.table, gamma_max, config_proposer.config_rule(config))
   spec = DecodeSpec(config.max_new_tokens, proposer, sampling=pair.sampling,
                     verifier=pair.verifier, vocab_size=pair.vocab_size)
   record, steps, tokens, call = [], 0, 0, 0

@@ -32,7 +32,7 @@ CONFIG_SHAPES_ONLY = True  # models' shapes and meshes for other devices (config
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "gamma", "gamma_max", "verifier", "tree", "temperature", "max_new_tokens",
+    "max_seq_len", "gamma", "gamma_max", "gamma_prior", "verifier", "tree", "temperature", "max_new_tokens",
     "batch_size", "mesh")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py run config",
                                           lock_config=True)
@@ -135,6 +135,7 @@ def main(argv):
   import jax
   from tqdm import tqdm
 
+  from specdec_jax.config_proposer import config_rule
   from specdec_jax.bench import compile_plan as cp
   from specdec_jax.bench import roofline
   from specdec_jax.io.atomic import atomic_write_json
@@ -165,7 +166,7 @@ def main(argv):
       "autoregressive", target, None, False, cp.plan_spec(shapes, None, target.vocab_size),
       shapes, dev))]
   for label, (draft, has_params) in drafts.items():
-    for pname, proposer in cp.proposers(shapes).items():
+    for pname, proposer in cp.proposers(shapes, config_rule(config)).items():
       def job(label=label, draft=draft, has_params=has_params, proposer=proposer, pname=pname):
         spec = cp.plan_spec(shapes, proposer, target.vocab_size)
         if spec.tree is not None:

@@ -40,7 +40,8 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
                     prompt_width: int | None = None, log: Callable[[str], None] = print):
   """The proposer (`decoding.spec`) of a run config and `loading.Pair`: TreeProposal for a
   config.tree (with a fixed gamma only); FixedGamma for a fixed config.gamma;
-  AutoGamma(table, gamma_max) for 'auto' (the table from `machine_costs.run_table`);
+  AutoGamma(table, gamma_max, rule) for 'auto' (the table from `machine_costs.run_table`,
+  the rule from `config_rule`);
   `PlainDecoding` when the table says no γ >= 1 pays even at α = `adaptive.PAYS_AT_ALPHA`
   (decode with autoregressive_generate; the caller prints its line). prompt_width: the
   width the run pads its prompts to, if any (where a table is measured, its steps are
@@ -66,4 +67,21 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
         f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
         f"plain autoregressive", table)
-  return AutoGamma(table, gamma_max)
+  return AutoGamma(table, gamma_max, config_rule(config))
+
+
+def config_rule(config):
+  """The γ rule of a config's gamma 'auto': the default `adaptive.BeliefRule`, with the
+  draft source's prior acceptance α₀ set to config.gamma_prior where that is not 0 (a
+  pair whose draft is known to agree with its target often: its rows draft from the first
+  step and keep drafting through an early rejection or two)."""
+  import dataclasses
+
+  from specdec_jax.gamma.adaptive import DEFAULT_RULE, DRAFT
+
+  prior = float(config.get("gamma_prior", 0.0) or 0.0)
+  if not prior:
+    return DEFAULT_RULE
+  priors = list(DEFAULT_RULE.prior)
+  priors[DRAFT] = prior
+  return dataclasses.replace(DEFAULT_RULE, prior=tuple(priors))

@@ -727,7 +727,7 @@ def test_gamma_histogram_and_widths():
 
 @pytest.mark.parametrize("change,match", [
     (dict(costs=None), "gamma='auto' needs a cost table"),
-    (dict(gamma=2), "cost table is used with gamma='auto' only"),
+    (dict(gamma=2), "a cost table and a gamma rule are used with gamma='auto' only"),
     (dict(gamma_max=0), "gamma_max must be an int >= 1, got 0"),
     (dict(gamma_max=5), "gamma_max=5 needs v\\(k\\) up to k=6"),
 ])
@@ -807,6 +807,34 @@ def test_parse_gamma(value, want):
 def test_parse_gamma_rejects(value):
   with pytest.raises(ValueError, match="gamma must be 'auto' or an int >= 1"):
     config_proposer.parse_gamma(value)
+
+
+def test_config_rule_takes_the_configs_prior_for_the_draft_source():
+  """config.gamma_prior replaces the default rule's prior mean of the draft source (0 keeps
+  the default), and a row under a high prior keeps drafting through two early rejections
+  where the default rule stops: the pair-level prior's whole purpose."""
+  import ml_collections
+
+  from specdec_jax.gamma.adaptive import ALPHA_PRIOR, DEFAULT_RULE, DRAFT, LOOKUP
+
+  assert config_proposer.config_rule(ml_collections.ConfigDict(dict(gamma="auto"))) \
+      is DEFAULT_RULE
+  assert config_proposer.config_rule(ml_collections.ConfigDict(dict(gamma_prior=0.0))) \
+      is DEFAULT_RULE
+  rule = config_proposer.config_rule(ml_collections.ConfigDict(dict(gamma_prior=0.8)))
+  assert rule.prior[DRAFT] == 0.8 and rule.prior[LOOKUP] == ALPHA_PRIOR[LOOKUP]
+  assert rule.keep == DEFAULT_RULE.keep and rule.forget == DEFAULT_RULE.forget
+  costs = jnp.asarray(np.stack([[1.0, 1.5, 1.8, 2.07], [1.0, 1.5, 1.8, 2.07]]), jnp.float32)
+  source = jnp.zeros((1,), jnp.int32)
+  chosen = {}
+  for name, r in (("default", DEFAULT_RULE), ("prior", rule)):
+    state = r.init(1)
+    for _ in range(2):  # two steps, each rejecting its first draft
+      g = r.choose(state, costs, source)
+      state = r.observe(state, chosen=g, proposes=g > 0, num_accepted=jnp.zeros_like(g),
+                        beta=jnp.zeros((1, 3), jnp.float32), source=source)
+    chosen[name] = int(r.choose(state, costs, source)[0])
+  assert chosen["default"] == 0 and chosen["prior"] > 0, chosen
 
 
 def test_config_proposer_decides_plain_decoding_where_drafting_does_not_pay(tmp_path):

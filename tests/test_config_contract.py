@@ -152,6 +152,8 @@ def test_walk_every_script_and_field(tmp_path, monkeypatch):
     ("mesh_benchmark.py", "--config.tree=2,2", "mesh_benchmark.py does not read config.tree"),
     ("generate.py", "--config.gamma_max=500", "config.gamma_max must lie in [0, 16]"),
     ("generate.py", "--config.tree_rule=topk", "config.tree_rule is set but not used"),
+    ("generate.py", "--config.gamma_prior=0.8", "config.gamma_prior is set but not used"),
+    ("benchmark.py", "--config.gamma_prior=1.5", "config.gamma_prior must lie in [0, 1]"),
 ])
 def test_refusals_name_the_field(script, flag, expect):
   family, reads = _bootstrap.declarations()[script]

@@ -37,6 +37,7 @@ import numpy as np
 
 from specdec_jax.decoding import loop, parallel
 from specdec_jax.decoding.spec import VERIFIERS, AutoGamma, DecodeSpec, FixedGamma, TreeProposal
+from specdec_jax.gamma.adaptive import DEFAULT_RULE
 from specdec_jax.decoding.state import init_state
 from specdec_jax.drafts import registry
 from specdec_jax.loading import HeadSubset, draft_config_of, model_config_of
@@ -235,9 +236,10 @@ def plan_spec(shapes: PlanShapes, proposer, vocab: int) -> DecodeSpec:
                     verifier=shapes.verifier, eos_id=0, vocab_size=vocab).static()
 
 
-def proposers(shapes: PlanShapes) -> dict:
+def proposers(shapes: PlanShapes, rule=DEFAULT_RULE) -> dict:
+  """The planned paths' proposers; rule: gamma 'auto''s γ rule (`config_proposer.config_rule`)."""
   return {f"gamma={shapes.gamma}": FixedGamma(shapes.gamma),
-          f"gamma=auto<={shapes.gamma_max}": AutoGamma(None, shapes.gamma_max),
+          f"gamma=auto<={shapes.gamma_max}": AutoGamma(None, shapes.gamma_max, rule),
           f"tree={shapes.tree}": TreeProposal(TreeShape.from_branching(
               [int(b) for b in shapes.tree.split(",")]))}
 

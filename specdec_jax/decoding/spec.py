@@ -161,8 +161,9 @@ Proposer = FixedGamma | AutoGamma | TreeProposal | None
 
 def make_proposer(gamma: int | str | None, *, gamma_max: int | None = None,
                   costs: CostTable | None = None, tree: TreeShape | None = None,
-                  tree_rule: str = "sampled") -> Proposer:
-  """A config's fields -> the proposer: gamma an int or 'auto' (with costs and gamma_max),
+                  tree_rule: str = "sampled", rule: GammaRule | None = None) -> Proposer:
+  """A config's fields -> the proposer: gamma an int or 'auto' (with costs, gamma_max and
+  its γ rule, `DEFAULT_RULE` when None),
   or a tree (gamma then unused); None for autoregressive decoding. Raises ValueError on a
   combination that means nothing (a tree with gamma 'auto', costs without 'auto')."""
   if tree is not None:
@@ -171,9 +172,11 @@ def make_proposer(gamma: int | str | None, *, gamma_max: int | None = None,
                        f"a tree drafts its fixed N nodes every step")
     return TreeProposal(tree, tree_rule)
   if gamma == "auto":
-    return AutoGamma(costs, DEFAULT_GAMMA_MAX if gamma_max is None else gamma_max)
-  if costs is not None:
-    raise ValueError(f"a cost table is used with gamma='auto' only, got gamma={gamma!r}")
+    return AutoGamma(costs, DEFAULT_GAMMA_MAX if gamma_max is None else gamma_max,
+                     DEFAULT_RULE if rule is None else rule)
+  if costs is not None or rule is not None:
+    raise ValueError(f"a cost table and a gamma rule are used with gamma='auto' only, got "
+                     f"gamma={gamma!r}")
   return None if gamma is None else FixedGamma(gamma)
 
 
