@@ -219,12 +219,11 @@ SECTIONS = (
     Section("gamma-rules-qwen", "gamma_rules_qwen25_coder.json", "gamma_rules",
             "Rules for choosing γ on the Qwen pair, replayed on its held-out set (greedy)",
             "The same replay for Qwen2.5-Coder 1.5B with its 0.5B draft on its 18 held-out "
-            "prompts, 48 new tokens each, under the step costs its T = 0 held-out table "
-            "chose by (pinned, so the replay times nothing). 'auto' is the rule under the "
+            "prompts, 48 new tokens each, under this machine's measured step costs at T = 0. "
+            "'auto' is the rule under the "
             "pair's prior (`gamma_prior` 0.8 for the draft), 'default-prior' the same rule "
             "under the default prior of 0.5.",
             ("scripts/gamma_policy_study.py", "--config=configs/heldout_qwen25_coder.py",
-             f"--config.costs={RESULTS_DIR}/heldout_qwen25_coder_t0_gammas.json",
              f"--out={RESULTS_DIR}/gamma_rules_qwen25_coder.json"), needs_draft=False),
     benchmark("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
               "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
