@@ -56,8 +56,8 @@ CONFIG_FAMILY = "run"  # the config fields this script reads (scripts/_bootstrap
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "gamma_prior", "costs",
-    "verifier", "top_k", "top_p", "max_new_tokens", "seed"
+    "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "gamma_prior",
+    "costs", "verifier", "top_k", "top_p", "max_new_tokens", "seed"
 )
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/heldout_smollm2.py",
                                           "a configs/*.py file with a prompt_set",

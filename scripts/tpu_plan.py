@@ -32,8 +32,8 @@ CONFIG_SHAPES_ONLY = True  # models' shapes and meshes for other devices (config
 CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
-    "max_seq_len", "gamma", "gamma_max", "gamma_prior", "verifier", "tree", "temperature", "max_new_tokens",
-    "batch_size", "mesh")
+    "max_seq_len", "gamma", "gamma_max", "gamma_prior", "verifier", "tree", "temperature",
+    "max_new_tokens", "batch_size", "mesh")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py run config",
                                           lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "a TPU topology name, or 'local'")

@@ -495,10 +495,10 @@ def gamma_rules_table(doc: dict) -> list[str]:
                  + ["prompts < 0.95x", "prompts < 0.97x", "lowest"], body)
   costs = meta.get("costs", {})
   if costs:
+    lookup = costs.get("lookup_step_costs") or []  # none for a draft with no lookup
     lines += ["", "Step costs s(γ) in plain steps, γ = 0, 1, ...: draft model "
               + " / ".join(num(x, ".2f") for x in costs.get("step_costs", []))
-              + "; lookup steps " + " / ".join(num(x, ".2f")
-                                             for x in costs.get("lookup_step_costs", []))
+              + ("; lookup steps " + " / ".join(num(x, ".2f") for x in lookup) if lookup else "")
               + "."]
   measured = meta.get("measured")
   if measured:

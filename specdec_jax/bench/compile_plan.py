@@ -37,9 +37,9 @@ import numpy as np
 
 from specdec_jax.decoding import loop, parallel
 from specdec_jax.decoding.spec import VERIFIERS, AutoGamma, DecodeSpec, FixedGamma, TreeProposal
-from specdec_jax.gamma.adaptive import DEFAULT_RULE
 from specdec_jax.decoding.state import init_state
 from specdec_jax.drafts import registry
+from specdec_jax.gamma.adaptive import DEFAULT_RULE
 from specdec_jax.loading import HeadSubset, draft_config_of, model_config_of
 from specdec_jax.models import sharding
 from specdec_jax.models.layouts import SERVING_MATMULS, unstack_layers
