@@ -193,8 +193,10 @@ RUN = _family({
     "gamma": (("str",), dict(check=checks.check_gamma)),
     "gamma_max": (("int", 0, GAMMA_MAX_LIMIT), dict(used=_only_with_auto)),
     "costs": (("str",), dict(path="read", check=checks.check_costs, off="", used=_only_with_auto)),
-    # the draft source's prior acceptance of gamma 'auto' (`config_proposer.config_rule`)
-    "gamma_prior": (("float", 0, 1), dict(off=0.0, used=_only_with_auto)),
+    # the draft source's prior acceptance of gamma 'auto' (`config_proposer.config_rule`; 0 =
+    # the rule's default); like gamma_max, no "off" value: a script with no gamma 'auto'
+    # ignores a config file's prior
+    "gamma_prior": (("float", 0, 1), dict(used=_only_with_auto)),
     "verifier": (("str",), dict(check=checks.choices("block", "token"))),
     "tree": (("str",), dict(check=checks.check_tree, off="")),
     "tree_rule": (("str",), dict(check=checks.choices("sampled", "topk"), used=_only_with_tree)),
