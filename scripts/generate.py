@@ -41,8 +41,8 @@ CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "gamma", "gamma_max", "gamma_prior", "costs",
-    "verifier", "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens", "batch_size",
-    "seed", "mesh", "distributed"
+    "verifier", "tree", "tree_rule", "temperature", "top_k", "top_p", "max_new_tokens",
+    "batch_size", "seed", "mesh", "distributed"
 )
 _CONFIG = config_flags.DEFINE_config_file("config", None, "a configs/*.py file", lock_config=True)
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "prompt text (repeatable); default: config")

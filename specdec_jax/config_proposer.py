@@ -3,7 +3,8 @@ cost table and the decision whether drafting pays here at all.
 
 `parse_gamma` reads config.gamma (the config contract checks it with the same function,
 `config_checks.check_gamma`). `config_proposer` gives a run's proposer (`decoding.spec`):
-a tree, a fixed γ, or gamma 'auto' over the table `machine_costs.run_table` gives; where
+a tree, a fixed γ, or gamma 'auto' over the table `machine_costs.run_table` gives, with the
+config's γ rule (`config_rule`: the default rule, or its prior set by config.gamma_prior); where
 that table says no γ pays even at a high acceptance it returns `PlainDecoding`, an
 explicit decision with the line the scripts print, and they decode autoregressively.
 """
@@ -75,8 +76,6 @@ def config_rule(config):
   draft source's prior acceptance α₀ set to config.gamma_prior where that is not 0 (a
   pair whose draft is known to agree with its target often: its rows draft from the first
   step and keep drafting through an early rejection or two)."""
-  import dataclasses
-
   from specdec_jax.gamma.adaptive import DEFAULT_RULE, DRAFT
 
   prior = float(config.get("gamma_prior", 0.0) or 0.0)
