@@ -35,7 +35,7 @@ bench: $(STAMP)
 results: $(STAMP)
 	$(PY) scripts/results.py
 
-# measures the figures of docs/results.md again (SmolLM2 needs make run's draft), then `results`
+# measures the figures of docs/results.md again (SmolLM2 with the shipped draft of drafts/), then `results`
 results-measure: $(STAMP)
 	$(PY) scripts/measure_results.py
 	$(PY) scripts/results.py

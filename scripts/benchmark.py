@@ -14,9 +14,10 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
 Same model, prompts, settings and seed for both samplers; compile time excluded
 (a warm-up call each); the timed calls alternate and the median of
 --config.repeats is reported. With --verifiers, each γ is run once per verifier
-(each against its own interleaved autoregressive timing). Also prints the measured acceptance, α, the step's
-compile time, the cost coefficient c, the verify-cost curve v(k) and the
-Leviathan prediction. A benchmark, not a test: nothing here asserts a speed.
+(each against its own interleaved autoregressive timing). Also prints the measured
+acceptance, α and the step's compile time; where --gammas holds a fixed γ or a tree, also
+the cost coefficient c, the verify-cost curve v(k) and the prediction from them. A
+benchmark, not a test: nothing here asserts a speed.
 With gamma 'auto' (γ chosen per row and step from this machine's cost table, measured
 once into runs/costs/; `specdec_jax.gamma.machine_costs`) it also prints, and writes to the
 JSON rows as gamma_histogram, how many steps chose each γ.

@@ -14,8 +14,9 @@ scripts/_bootstrap.py finds in every script). `check_config` then refuses, with 
   - a field of no script of the family (a typo, a field of another family);
   - a field given on the command line that this script does not read, naming the
     scripts that do;
-  - a field of the config file that this script does not read, set to anything but its
-    "off" value;
+  - a field of the config file that this script does not read, where the field has an
+    "off" value and is set to another (a field with no "off" value, such as a model name
+    or `repeats`, is ignored by the scripts that do not read it);
   - a bad value, and a field given on the command line that the run would not use
     (`--config.gamma_max` with a fixed gamma).
 It imports models and loads files only to check that they exist and parse.

@@ -3,8 +3,9 @@
 Letters: B batch, P prompt width, M max_new_tokens, G drafted positions, k tokens of one
 target call, V vocabulary, D devices.
 
-`plan_paths` lowers and compiles, for a list of devices (a TPU topology's from
-`jax.experimental.topologies`, or this machine's), the programs a config can run:
+`decode_programs`, `mesh_program`, `pmap_program` and `train_program` lower and compile,
+for a list of devices (a TPU topology's from `jax.experimental.topologies`, or this
+machine's), the programs a config can run (scripts/tpu_plan.py assembles them):
 prefill and the loop of steps for autoregressive decoding and for each draft kind the
 config names (its draft, the model draft inside a wrapping one, a prompt lookup, a hybrid
 over a model draft) under each proposer (a fixed γ, γ 'auto', a tree); the pmap and the

@@ -81,8 +81,11 @@ def sample_rows(keys: Array, probs: Array, greedy: bool) -> Array:
 class Draft:
   """A draft kind (see the module docstring). Subclasses are frozen dataclasses.
 
-  Host-side facts (properties) have defaults for a draft with a cache and a vocabulary;
-  the moves raise NotImplementedError until a kind defines them.
+  Host-side facts (properties) default to a draft with no cache and no vocabulary of its
+  own (`vocab_size` and `max_seq_len` None). The moves a stateless draft does not need
+  (`prefill`, `plan`, `observe_target`, `rollback`, `advance_tree`, `room_to_skip`,
+  `ready_to_draft`) do nothing by default; `propose`, `catch_up` and `propose_tree` raise
+  NotImplementedError until a kind defines them.
   """
 
   # ----------------------------------------------------------------- host-side facts
