@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from specdec_jax.bench import studies
-from specdec_jax.io.atomic import atomic_write, atomic_write_json
+from specdec_jax.io.atomic import atomic_save, atomic_write, atomic_write_json
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
@@ -52,7 +52,7 @@ def test_only_our_own_value_errors_are_user_errors():
   assert not _bootstrap.is_user_error(RuntimeError("a bug"))
 
 
-def test_atomic_write_keeps_the_old_file_when_a_write_fails(tmp_path):
+def test_atomic_writes_keep_the_old_file_when_a_write_fails(tmp_path):
   path = tmp_path / "report.json"
   atomic_write_json(path, {"step": 1})
 
@@ -62,6 +62,17 @@ def test_atomic_write_keeps_the_old_file_when_a_write_fails(tmp_path):
   with pytest.raises(OSError, match="disk full"):
     atomic_write(path, broken)
   assert json.loads(path.read_text()) == {"step": 1}
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+  def broken_save(tmp):  # a writer that takes a path (safetensors, savefig)
+    pathlib.Path(tmp).write_bytes(b'{"step": 2')
+    raise OSError("disk full")
+  with pytest.raises(OSError, match="disk full"):
+    atomic_save(path, broken_save)
+  assert json.loads(path.read_text()) == {"step": 1}
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+  atomic_save(path, lambda tmp: pathlib.Path(tmp).write_text('{"step": 3}'))
+  assert json.loads(path.read_text()) == {"step": 3}
   assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 

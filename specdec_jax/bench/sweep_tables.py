@@ -11,6 +11,7 @@ results_timing.csv / batch_timing.csv / best_gamma.csv (the `time_` columns, key
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import math
 import pathlib
@@ -19,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec_jax.bench import prompt_sets, studies
-from specdec_jax.io.atomic import atomic_write_json
+from specdec_jax.io.atomic import atomic_save, atomic_write_json, atomic_write_text
 from specdec_jax.decoding.results import GenerationResult, reached_positions
 
 GRID_KEYS = ("draft_name", "temperature", "gamma")
@@ -165,11 +166,12 @@ def deterministic(row: dict) -> dict:
 
 def write_csv(path, rows: list[dict], columns: Sequence[str]) -> None:
   """One line per row, `columns` in order, values through `_fmt`."""
-  with open(path, "w", newline="") as f:
-    w = csv.writer(f, lineterminator="\n")
-    w.writerow(columns)
-    for row in rows:
-      w.writerow([_fmt(row.get(c), is_timing(c)) for c in columns])
+  text = io.StringIO()
+  w = csv.writer(text, lineterminator="\n")
+  w.writerow(columns)
+  for row in rows:
+    w.writerow([_fmt(row.get(c), is_timing(c)) for c in columns])
+  atomic_write_text(path, text.getvalue())
 
 
 def write_outputs(workdir, results: dict) -> None:
@@ -227,7 +229,8 @@ def plot(workdir, grid: list[dict]) -> list[str]:
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     path = workdir / fname
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100,
+                                              metadata={"Software": None}))
     plt.close(fig)
     return str(path)
 

@@ -17,20 +17,29 @@ import tempfile
 from typing import Any, Callable
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], Any]) -> None:
-  """Calls `write(binary file)` on a temporary file beside `path`, then renames it over it."""
+def atomic_save(path: str | os.PathLike, save: Callable[[str], Any]) -> None:
+  """Calls `save(temporary path)` on a temporary file beside `path` (a writer that takes a
+  path: safetensors, a plot), fsyncs it, then renames it over `path`."""
   path = pathlib.Path(path)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  os.close(fd)
   try:
-    with os.fdopen(fd, "wb") as f:
-      write(f)
-      f.flush()
+    save(tmp)
+    with open(tmp, "rb+") as f:
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.unlink(tmp)
     raise
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], Any]) -> None:
+  """Calls `write(binary file)` on a temporary file beside `path`, then renames it over it."""
+  def save(tmp):
+    with open(tmp, "wb") as f:
+      write(f)
+  atomic_save(path, save)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

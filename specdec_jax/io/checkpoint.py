@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from specdec_jax.io.atomic import atomic_write_json, file_sha256
+from specdec_jax.io.atomic import atomic_write_json, atomic_write_text, file_sha256
 from specdec_jax.models.model import ModelConfig, init_params
 
 PyTree = Any
@@ -253,7 +253,7 @@ def save_params(directory: str | os.PathLike, params: PyTree, config: ModelConfi
     ckptr.wait_until_finished()
   marker = directory / "params" / "commit_success.txt"  # orbax writes the absolute path
   if marker.exists():  # there; a saved draft is committed, so it names no machine's path
-    marker.write_text("Checkpoint commit was successful.")
+    atomic_write_text(marker, "Checkpoint commit was successful.")
   meta = {"config": config.to_dict(), "tokenizer": str(tokenizer_identity),
           "params_sha256": params_checksum(params), "extra": dict(extra or {}),
           "files_sha256": files_checksums(directory / "params")}

@@ -31,6 +31,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from specdec_jax.io.atomic import atomic_save, atomic_write_text
 from specdec_jax.io.gguf import check_param_shapes
 from specdec_jax.models.model import ModelConfig
 
@@ -293,8 +294,8 @@ def export_hf(params, config: ModelConfig, out_dir: str | os.PathLike, arch: str
   hf = hf_config(config, arch, **extra_config)
   check_param_shapes(params, config)
   os.makedirs(out_dir, exist_ok=True)
-  save_file(to_hf_tensors(params, config), os.path.join(out_dir, "model.safetensors"),
-            metadata={"format": "pt"})
-  with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf, f, indent=2)
+  tensors = to_hf_tensors(params, config)
+  atomic_save(os.path.join(out_dir, "model.safetensors"),
+              lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+  atomic_write_text(os.path.join(out_dir, "config.json"), json.dumps(hf, indent=2))
   return out_dir
