@@ -161,6 +161,20 @@ def test_tiny_gguf_bfloat16(tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b.astype(jnp.bfloat16)), got, params)
 
 
+def test_a_file_is_parsed_once_until_it_is_written_anew(tmp_path):
+  """open_gguf keeps the reader of a file (its tokenizer, config and weights read it in
+  turn); a file written anew at the same path gets a new reader with the new contents."""
+  cfg = _tiny_config()
+  path = _write_gguf(tmp_path / "tiny.gguf", cfg, _random_params(cfg))
+  first = gguf_io.open_gguf(path)
+  assert gguf_io.open_gguf(str(path)) is first
+  wider = cfg.replace(mlp_dim=2 * cfg.mlp_dim)
+  os.unlink(path)
+  _write_gguf(path, wider, _random_params(wider))
+  assert gguf_io.open_gguf(path) is not first
+  assert load_gguf(path, max_seq_len=64)[0] == wider
+
+
 def test_unpermute_inverts_permute():
   w = np.arange(6 * 8 * 5, dtype=np.float32).reshape(6 * 8, 5)
   assert not np.array_equal(permute_for_gguf(w, 6), w)

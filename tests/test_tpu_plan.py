@@ -33,7 +33,8 @@ def shapes_of(tree):
   return jax.tree.map(lambda x: (tuple(x.shape), str(jnp.dtype(x.dtype))), tree)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow),
+                                   "bfloat16"])  # the plan's default dtype in make test
 def test_plan_shapes_are_the_loaded_models_own(dtype):
   tokenizer = loading.load_tokenizer("smollm2")
   cfg, params = loading.load_target("smollm2", tokenizer, dtype=dtype, max_seq_len=512)

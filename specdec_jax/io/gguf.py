@@ -61,20 +61,36 @@ def smollm2_path() -> str:
       f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}; {hint}")
 
 
+# The last few readers by (real path, size, mtime): parsing a header's fields costs seconds
+# (SmolLM2's 49,152-token vocabulary and merges), and one run reads the same file for its
+# tokenizer, its config and its weights. A file written anew gets a new reader.
+_READERS: dict[tuple, gguf.GGUFReader] = {}
+_READERS_KEPT = 2
+
+
 def open_gguf(path: str | os.PathLike) -> gguf.GGUFReader:
-  """A `gguf.GGUFReader` for `path`; FileNotFoundError / ValueError with the path on failure."""
+  """A `gguf.GGUFReader` for `path` (read-only; one per file and version, kept for the
+  next caller); FileNotFoundError / ValueError with the path on failure."""
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise FileNotFoundError(f"GGUF file not found: {path}")
+  stat = os.stat(path)
+  key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+  if key in _READERS:
+    return _READERS[key]
   with open(path, "rb") as f:
     magic = f.read(4)
   if magic != b"GGUF":
     raise ValueError(f"not a GGUF file (magic {magic!r}, expected b'GGUF'): {path}")
   try:
-    return gguf.GGUFReader(path)
+    reader = gguf.GGUFReader(path)
   except Exception as e:  # the reader raises ValueError, IndexError, struct errors...
     raise ValueError(f"corrupt or truncated GGUF file {path} ({os.path.getsize(path)} bytes): "
                      f"{type(e).__name__}: {e}") from e
+  _READERS[key] = reader
+  while len(_READERS) > _READERS_KEPT:
+    del _READERS[next(iter(_READERS))]
+  return reader
 
 
 def metadata(reader: gguf.GGUFReader, key: str, default=_MISSING):
