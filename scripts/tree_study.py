@@ -42,8 +42,6 @@ stamp) after every configuration and a CSV next to it. `--costs_only` keeps the 
 """
 
 import contextlib
-import csv
-import io
 import json
 import os
 import time
@@ -59,7 +57,7 @@ from specdec_jax.decoding import loop, tree_step
 from specdec_jax.decoding.spec import DecodeSpec, FixedGamma, TreeProposal
 from specdec_jax.models.model import Model
 from specdec_jax.verification import tree_shapes
-from specdec_jax.io.atomic import atomic_write_json, atomic_write_text
+from specdec_jax.io.atomic import atomic_write_csv, atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_models
 from specdec_jax.models.sampling import SamplingConfig
@@ -342,17 +340,14 @@ def time_costs(doc, models, draft_cfg, draft_params):
 
 def write_csv(doc):
   """The rows of doc as a CSV beside --out."""
-  text = io.StringIO()
-  w = csv.writer(text)
-  w.writerow(["config", "kind", "nodes", "depth", "rule", "temperature", "tokens_per_call",
-              "ci95_low", "ci95_high", "predicted_speedup", "model_tokens_per_call",
-              "paths"])
-  for r in doc["rows"]:
-    w.writerow([r["config"], r["kind"], r["nodes"], r["depth"], r["rule"], r["temperature"],
-                f"{r['tokens_per_call']:.4f}", f"{r['ci95'][0]:.4f}", f"{r['ci95'][1]:.4f}",
-                f"{r.get('predicted_speedup', float('nan')):.4f}",
-                f"{r.get('model_tokens_per_call', float('nan')):.4f}", r.get("paths", "")])
-  atomic_write_text(os.path.splitext(_OUT.value)[0] + ".csv", text.getvalue())
+  header = ["config", "kind", "nodes", "depth", "rule", "temperature", "tokens_per_call",
+            "ci95_low", "ci95_high", "predicted_speedup", "model_tokens_per_call", "paths"]
+  atomic_write_csv(os.path.splitext(_OUT.value)[0] + ".csv", [header] + [
+      [r["config"], r["kind"], r["nodes"], r["depth"], r["rule"], r["temperature"],
+       f"{r['tokens_per_call']:.4f}", f"{r['ci95'][0]:.4f}", f"{r['ci95'][1]:.4f}",
+       f"{r.get('predicted_speedup', float('nan')):.4f}",
+       f"{r.get('model_tokens_per_call', float('nan')):.4f}", r.get("paths", "")]
+      for r in doc["rows"]])
 
 
 if __name__ == "__main__":

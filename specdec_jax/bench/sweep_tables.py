@@ -10,8 +10,6 @@ results_timing.csv / batch_timing.csv / best_gamma.csv (the `time_` columns, key
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import math
 import pathlib
@@ -20,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec_jax.bench import prompt_sets, studies
-from specdec_jax.io.atomic import atomic_save, atomic_write_json, atomic_write_text
+from specdec_jax.io.atomic import atomic_save, atomic_write_csv, atomic_write_json
 from specdec_jax.decoding.results import GenerationResult, reached_positions
 
 GRID_KEYS = ("draft_name", "temperature", "gamma")
@@ -166,12 +164,9 @@ def deterministic(row: dict) -> dict:
 
 def write_csv(path, rows: list[dict], columns: Sequence[str]) -> None:
   """One line per row, `columns` in order, values through `_fmt`."""
-  text = io.StringIO()
-  w = csv.writer(text, lineterminator="\n")
-  w.writerow(columns)
-  for row in rows:
-    w.writerow([_fmt(row.get(c), is_timing(c)) for c in columns])
-  atomic_write_text(path, text.getvalue())
+  atomic_write_csv(path, [list(columns)]
+                   + [[_fmt(row.get(c), is_timing(c)) for c in columns] for row in rows],
+                   lineterminator="\n")
 
 
 def write_outputs(workdir, results: dict) -> None:

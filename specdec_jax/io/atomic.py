@@ -8,6 +8,7 @@ Standard library only: scripts outside the project's venv load this file by its 
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -44,6 +45,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[io.BufferedWriter], A
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def atomic_write_csv(path: str | os.PathLike, rows, lineterminator: str = "\r\n") -> None:
+  """rows (a header, then the values, each a list) as CSV (`csv.writer`), atomically."""
+  text = io.StringIO()
+  csv.writer(text, lineterminator=lineterminator).writerows(rows)
+  atomic_write_text(path, text.getvalue())
 
 
 def atomic_write_json(path: str | os.PathLike, obj, **dump_kw) -> None:
