@@ -286,12 +286,12 @@ def main(argv):
     gamma_max = int(config.gamma_max)
     width = (max(studies.prompt_bucket(len(p)) for p in prompts) if records
              else max(len(p) for p in prompts))
+    rule = config_proposer.config_rule(config)
     table = machine_costs.run_table(  # where measured, timed in the run's own loop
         config, pair, gamma_max=gamma_max, batch=batch,
         directory=_bootstrap.COSTS_DIR,
         run=dict(context=width, max_new_tokens=int(config.max_new_tokens),
-                 eos_id=None))
-    rule = config_proposer.config_rule(config)
+                 eos_id=None, rule=rule))
     auto = dict(gamma_max=gamma_max, costs=table, rule=rule)
     print(f"gamma auto: gamma_max {gamma_max}, prior alpha {rule.prior[adaptive.DRAFT]} "
           f"(draft), cost table {cost_cache.describe(table)}")

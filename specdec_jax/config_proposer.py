@@ -60,15 +60,17 @@ def config_proposer(config, pair, *, directory: str | os.PathLike,
   if gamma != "auto":
     return FixedGamma(gamma)
   gamma_max = int(config.get("gamma_max", DEFAULT_GAMMA_MAX))
+  rule = config_rule(config)
   run = dict(context=max([len(p) for p in pair.prompts] + [prompt_width or 0]),
-             max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id)
+             max_new_tokens=int(config.max_new_tokens), eos_id=pair.tokenizer.eos_id,
+             rule=rule)
   table = run_table(config, pair, gamma_max=gamma_max, directory=directory, run=run, log=log)
   if not table.drafting_pays(gamma_max):
     return PlainDecoding(
         f"gamma=auto: drafting does not pay on this machine ({describe(table)}: no gamma "
         f"<= {gamma_max} beats a plain step even at alpha {PAYS_AT_ALPHA}); decoding is "
         f"plain autoregressive", table)
-  return AutoGamma(table, gamma_max, config_rule(config))
+  return AutoGamma(table, gamma_max, rule)
 
 
 def config_rule(config):

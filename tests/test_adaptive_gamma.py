@@ -516,42 +516,58 @@ def test_measure_steps_times_every_width(greedy_pairs, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["hybrid", "ngram"])
-def test_measure_steps_times_lookup_steps(greedy_pairs, kind):
+def test_measure_steps_times_lookup_steps(greedy_pairs, kind, monkeypatch):
   """A hybrid's table also holds s_lookup(0..G), its steps where every row's lookup
   matches, timed in the same compiled loop; an n-gram draft's steps are all lookup steps
-  (it proposes nothing elsewhere). No values checked, as above; the harness itself
-  raises if a row took another γ than the one it timed."""
+  (it proposes nothing elsewhere). The lookup steps' seconds are inflated 10^4-fold as
+  they are timed: s_lookup(1..G) must come from those timings (a table that copied the
+  draft's steps, or timed no lookup step, fails), and s_lookup(0) is s(0) (nothing is
+  proposed). The harness itself raises if a row took another γ than the one it timed."""
   target, tp, draft, dp = greedy_pairs[kind]
+  timed, original = [], machine_costs.timing.interleaved_seconds
+
+  def interleaved(fns, repeats):
+    seconds, results = original(fns, repeats)
+    timed.append(set(seconds))
+    return {k: x * (1e4 if isinstance(k, tuple) else 1.0) for k, x in seconds.items()}, results
+
+  monkeypatch.setattr(machine_costs.timing, "interleaved_seconds", interleaved)
   table = machine_costs.measure_steps(Model(target, tp), Model(draft, dp), gamma_max=2,
                                       batch=2, sampling=GREEDY, context=8, max_new_tokens=4,
                                       repeats=2)
   assert len(table.step_costs) == 3 and all(np.isfinite(table.step_costs))
   if kind == "ngram":
-    assert table.lookup_step_costs is None
+    assert table.lookup_step_costs is None and timed[-1] == {"plain", 1, 2, 3}
     return
+  assert timed[-1] == {"plain", 1, 2, 3, ("lookup", 2), ("lookup", 3)}
   assert len(table.lookup_step_costs) == 3 and all(np.isfinite(table.lookup_step_costs))
   assert table.lookup_step_costs[0] == table.step_costs[0]
+  # 10^4 over at most STEPS_PER_CALL-fold fewer steps, and a real lookup/draft ratio
+  assert all(lookup > 100 * draft for lookup, draft
+             in zip(table.lookup_step_costs[1:], table.step_costs[1:]))
   assert table.loop_costs(2).shape == (2, 3)
 
 
 def test_step_costs_are_timed_in_the_runs_own_loop(greedy_pairs, caplog):
-  """Given a run's prompt width, max_new_tokens and eos_id, the table times the programs
-  that run then decodes with: generating afterwards compiles no prefill and no loop.
-  (Compiles are counted from JAX's log: the jit's dispatch cache may key a call anew, for
-  example by its arguments' placement, without tracing or compiling anything.)"""
+  """Given a run's prompt width, max_new_tokens, eos_id and γ rule, the table times the
+  programs that run then decodes with: generating afterwards compiles no prefill and no
+  loop. max_new_tokens = 13 is this test's alone, so no other test has compiled these
+  programs first. (Compiles are counted from JAX's log: the jit's dispatch cache may key
+  a call anew, for example by its arguments' placement, without tracing or compiling
+  anything.)"""
   pair = greedy_pairs["feature"]
   target, tp, draft, dp = pair
   table = machine_costs.measure_steps(
       Model(target, tp), Model(draft, dp), gamma_max=GAMMA_MAX, batch=len(PROMPTS),
-      sampling=GREEDY, context=max(len(p) for p in PROMPTS), max_new_tokens=12, eos_id=None,
-      repeats=1)
+      sampling=GREEDY, context=max(len(p) for p in PROMPTS), max_new_tokens=13, eos_id=None,
+      rule=TEST_RULE, repeats=1)
   def compile_probe(x):  # a program compiled here for sure: the log's text is read right
     return x * 2
 
   with jax.log_compiles(True), caplog.at_level(logging.WARNING):
-    auto_generate(pair, PROMPTS, costs=table, max_new_tokens=12, sampling=GREEDY,
-                  verifier="block")
-    greedy_autoregressive(pair)
+    auto_generate(pair, PROMPTS, costs=table, max_new_tokens=13, sampling=GREEDY,
+                  verifier="block", rule=TEST_RULE)
+    greedy_autoregressive(pair, max_new_tokens=13)
     jax.jit(compile_probe)(jnp.zeros((3, 5, 7), jnp.int8))
   compiled = [r.getMessage()[:40] for r in caplog.records
               if r.getMessage().startswith("Compiling jit(")]

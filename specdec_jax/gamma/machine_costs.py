@@ -38,7 +38,7 @@ import numpy as np
 
 from specdec_jax.bench import timing
 from specdec_jax.drafts.registry import as_draft
-from specdec_jax.gamma.adaptive import CostTable
+from specdec_jax.gamma.adaptive import DEFAULT_RULE, CostTable
 from specdec_jax.gamma.cost_cache import (MEASURE_CONTEXT, cache_path, cost_key,
                                           load_or_measure, load_pinned_table)
 
@@ -94,15 +94,17 @@ def forcing_costs(gamma: int, gamma_max: int) -> np.ndarray:
 def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
                   verifier: str = "block", context: int = MEASURE_CONTEXT,
                   max_new_tokens: int = MEASURE_NEW_TOKENS, eos_id: int | None = None,
-                  repeats: int = STEP_REPEATS) -> CostTable:
+                  rule=DEFAULT_RULE, repeats: int = STEP_REPEATS) -> CostTable:
   """The measured step costs s(0..gamma_max) (and s_lookup(0..gamma_max) for a draft with
   a lookup source) of target and draft (`Model`s); the table holds no c and v(k)
   (`studies.cost_coefficient` and `studies.verify_cost_curve` time those).
 
   Each step is timed in the compiled loop of a run (`decoding.loop.run_steps_jit`) with
-  prompts of `context` tokens, max_new_tokens and eos_id: given a run's own values
-  (`config_proposer`), the run then reuses the programs timed here, and the table
-  compiles nothing of its own. A timed call runs min(STEPS_PER_CALL, max_new_tokens)
+  prompts of `context` tokens, max_new_tokens, eos_id and γ rule (a static of the loop):
+  given a run's own values (`config_proposer`), the run then reuses the programs timed
+  here, and the table compiles nothing of its own. The rule's constants leave the costs
+  as they are (its choice and observation are a few operations per row), so the table's
+  key leaves the rule out. A timed call runs min(STEPS_PER_CALL, max_new_tokens)
   steps (min(PLAIN_STEPS_PER_CALL, max_new_tokens) for the plain step and γ = 0) from a
   state prefilled with `context` tokens (its step index that many below
   max_new_tokens), with costs (`forcing_costs`) under which every row takes the width
@@ -124,8 +126,8 @@ def measure_steps(target, draft, *, gamma_max: int, batch: int, sampling,
   periodic = np.tile(distinct[:, :period], (1, -(-context // period)))[:, :context]
   texts = dict(draft=distinct, lookup=periodic)
   plain_spec = DecodeSpec(max_new_tokens, sampling=sampling, eos_id=eos_id)
-  auto_spec = DecodeSpec(max_new_tokens, AutoGamma(placeholder, gamma_max), sampling=sampling,
-                         verifier=verifier, eos_id=eos_id)
+  auto_spec = DecodeSpec(max_new_tokens, AutoGamma(placeholder, gamma_max, rule),
+                         sampling=sampling, verifier=verifier, eos_id=eos_id)
   steps = min(STEPS_PER_CALL, max_new_tokens)
   plain_steps = min(PLAIN_STEPS_PER_CALL, max_new_tokens)
 
@@ -217,7 +219,7 @@ def table_for(pair, *, gamma_max: int, directory: str | os.PathLike, batch: int 
               run: dict | None = None, log: Callable[[str], None] = print) -> CostTable:
   """The cost table of a `loading.Pair` on this machine at `batch` rows (default: its
   prompts), with step costs at its sampling rules and verifier (`measure_steps`), cached.
-  run: dict(context=, max_new_tokens=, eos_id=) of the run about to decode at
+  run: dict(context=, max_new_tokens=, eos_id=, rule=) of the run about to decode at
   `batch` rows: where the table is measured, its steps are timed in that run's own
   compiled loop (shared with the run). The key leaves these out: a table measured for
   one run serves every later one."""
