@@ -19,6 +19,7 @@ measured on a clean commit (`left_out`), and a table holds one machine's figures
                memory per chip and a roofline per chip (tools/results_tpu.py)
   profile_step scripts/profile_step.py --out: a chain step beside its pieces
   head_study   scripts/head_study.py --out: vocabulary-subset draft heads, α and c per size
+  soak         scripts/soak.py --out: decode loops compiled and resident memory over a long run
 
 SECTIONS fixes which file fills which section, in page order; a file not there yet
 renders as "not measured yet". Rendering is a pure function of the JSON: `make results`
@@ -283,6 +284,11 @@ def tpu_plan(anchor: str, path: str, title: str, config: str, topology: str,
 
 _FROM_QWEN = "--from=docs/results/heldout_qwen25_coder_t0_auto.json"
 _FROM_SMOLLM2 = "--from=docs/results/benchmark_heldout_smollm2.json"
+_SOAK_ABOUT = (
+    "`speculative_generate` called again and again on prompts of one shape "
+    "(docs/reliability.md), the count of compiled decode loops and the resident memory "
+    "(VmRSS) read after every call: long generation must compile once and hold its memory "
+    "flat.")
 SECTIONS += (
     tpu_plan("tpu-plan-smollm2-v5e", "tpu_plan_smollm2_v5e.json",
              "Compile plan: SmolLM2-135M with the shipped hybrid on a TPU v5e 2x2",
@@ -323,6 +329,13 @@ SECTIONS += (
                     "--head_tokens=configs/head_tokens/qwen25_coder.json "
                     "--sizes=4096,8192,16384,32768,65536 "
                     f"--out={RESULTS_DIR}/head_subset_qwen25_coder.json"),
+    Section("soak-tiny", "soak_tiny.json", "soak", "Soak: the tiny pair, 1000 steps",
+            _SOAK_ABOUT, made_by="python scripts/soak.py --config=configs/tiny.py --steps=1000 "
+                                 f"--out={RESULTS_DIR}/soak_tiny.json"),
+    Section("soak-smollm2", "soak_smollm2.json", "soak",
+            "Soak: SmolLM2-135M with the config's draft, 2000 tokens", _SOAK_ABOUT,
+            made_by="python scripts/soak.py --config=configs/smollm2_135m.py --tokens=2000 "
+                    f"--out={RESULTS_DIR}/soak_smollm2.json"),
 )
 
 
@@ -410,14 +423,16 @@ TABLES = {"benchmark": benchmark_table, "sweep": sweep_table, "fresh_clone": fre
           "gamma_rules": results_tables.gamma_rules_table,
           "tpu_plan": results_tpu.tpu_plan_table,
           "profile_step": results_tables.profile_step_table,
-          "head_study": results_tables.head_study_table}
+          "head_study": results_tables.head_study_table,
+          "soak": results_tables.soak_table}
 HEADLINES = {"prompt_set": results_tables.prompt_set_headline,
              "distill_curve": results_tables.distill_headline,
              "tree_study": results_tables.tree_headline,
              "gamma_rules": results_tables.gamma_rules_headline,
              "tpu_plan": results_tpu.tpu_plan_headline,
              "profile_step": results_tables.profile_step_headline,
-             "head_study": results_tables.head_study_headline}
+             "head_study": results_tables.head_study_headline,
+             "soak": results_tables.soak_headline}
 PLOTTED = ("benchmark", "sweep", "distill_curve")  # the kinds that get a PNG
 
 

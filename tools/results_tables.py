@@ -1,4 +1,4 @@
-"""The prompt-set, distillation-curve, token-tree and γ-rule sections of docs/results.md
+"""The prompt-set, distillation-curve, token-tree, γ-rule and soak sections of docs/results.md
 (`results_page` puts them on the page).
 
   prompt_set     scripts/benchmark.py --config=configs/heldout_smollm2.py --out: {'stamp',
@@ -9,6 +9,7 @@
                  tree, rule and T: 'tokens_per_call', 'ci95', 'predicted_speedup'], 'costs'}
   gamma_rules    scripts/gamma_policy_study.py --out: {'stamp', 'meta', 'rows': [one per
                  rule: 'speedup', 'below_095', ['below_097'], 'lowest', 'domains', 'prompts']}
+  soak           scripts/soak.py --out: {'stamp', 'summary', 'record', 'config'}
 
 Pure functions of the JSON, as the rest of the page; a missing optional field renders
 as '–' or is left out, never an error.
@@ -603,3 +604,31 @@ def head_study_headline(title: str, doc: dict) -> list[tuple[str, str]]:
                   f"full head, α at T = 0 {top['alpha_t0']:.3f} against "
                   f"{full['alpha_t0']:.3f}; predicted {pred(top):.2f}x against "
                   f"{pred(full):.2f}x")]
+
+
+# --------------------------------------------------------------------------- soak
+
+def soak_table(doc: dict) -> list[str]:
+  """scripts/soak.py --out: {'stamp', 'summary', 'record': [one per call], 'config'}. The
+  summary in one row: the decode loops compiled and the resident memory after the first
+  call and at the end."""
+  s, config = doc["summary"], doc["config"]
+  lines = [f"Target `{config['target']}`, draft `{config['draft']}`, γ `{config['gamma']}`, "
+           f"batch {config['batch_size']}, {config['max_new_tokens']} new tokens a call, "
+           f"temperature {config['temperature']:g}; acceptance in the last call "
+           f"{s['acceptance']:.3f}.", ""]
+  return lines + table(
+      ["calls", "steps", "tokens", "seconds", "decode loops compiled (after call 1 / at the end)",
+       "resident memory (after call 1 → end)", "largest drift"],
+      [[str(s["calls"]), str(s["steps"]), str(s["tokens"]), f"{s['seconds']:.0f}",
+        f"{s['compiled_after_first_call']} / {s['compiled_at_end']}",
+        f"{s['rss_after_first_call_mb']:.0f} → {s['rss_at_end_mb']:.0f} MB",
+        f"{s['rss_max_drift']:.2%}"]])
+
+
+def soak_headline(title: str, doc: dict) -> list[tuple[str, str]]:
+  """Compiles and memory drift over the run."""
+  s = doc["summary"]
+  return [(title, f"{s['tokens']} tokens in {s['calls']} calls: decode loops compiled "
+                  f"{s['compiled_after_first_call']} after call 1, {s['compiled_at_end']} at "
+                  f"the end; resident memory drift at most {s['rss_max_drift']:.2%}")]
