@@ -405,9 +405,14 @@ def test_lookup_without_a_match_proposes_nothing(greedy_pairs):
   out = speculative_generate(Model(target, tp), Model(NgramDraft(2), None), prompts,
                              spec=DecodeSpec(1, FixedGamma(3), sampling=GREEDY))
   np.testing.assert_array_equal(out.gammas[:, 0], [0, 3])
-  assert out.accepted[0, 0] == 0 and out.reached()[0].sum() == 0
-  # Alone (batch 1), row 0's step is the width-1 branch: a plain target step.
-  assert int(adaptive.width_index(FixedGamma(3).call_widths(True), out.gammas[:1, 0])) == 0
+  assert out.accepted[0, 0] == 0
+  # Alone (batch 1), row 0's step is a plain target step: its greedy token, nothing drafted.
+  alone = speculative_generate(Model(target, tp), Model(NgramDraft(2), None), prompts[:1],
+                               spec=DecodeSpec(1, FixedGamma(3), sampling=GREEDY))
+  assert alone.gammas[0, 0] == 0
+  np.testing.assert_array_equal(alone.tokens, greedy_autoregressive(
+      greedy_pairs["model"], prompts[:1], max_new_tokens=1).tokens)
+  np.testing.assert_array_equal(alone.tokens[0], out.tokens[0])
 
 
 def test_never_drafting_floor_counts_both_prefills_and_the_probe():

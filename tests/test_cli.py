@@ -16,8 +16,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import _bootstrap  # noqa: E402
 
 
-def _generate(*flags):
-  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
+def _generate(*flags, env=None):
+  env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", **(env or {})}
   return subprocess.run([sys.executable, str(REPO / "scripts" / "generate.py"),
                          "--config=configs/tiny.py", "--prompt=abc", *flags], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=300)
@@ -31,12 +31,14 @@ def _generate(*flags):
     (["--config.mesh=1,1", "--config.gamma=auto"], "error: gamma 'auto' and trees run on one "
      "device"),
 ])
-def test_bad_input_exits_2_with_one_line(flags, message):
-  proc = _generate(*flags)
+def test_bad_input_exits_2_with_one_line(flags, message, tmp_path):
+  costs = tmp_path / "costs"  # an empty cost-table cache: a table measured first lands here
+  proc = _generate(*flags, env={"SPECDEC_COSTS_DIR": str(costs)})
   assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
   assert message in proc.stderr
   assert "Traceback" not in proc.stderr
   assert "step costs" not in proc.stdout  # no cost table was measured first
+  assert not costs.exists() or not list(costs.iterdir())
 
 
 def test_only_our_own_value_errors_are_user_errors():

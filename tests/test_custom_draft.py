@@ -133,6 +133,8 @@ def test_sequences_follow_target_distribution(pair, path):
                              spec=DecodeSpec(NEW, PROPOSERS[path], sampling=T1,
                                              verifier="token"), seed=7)
   assert (out.lengths == NEW).all()
+  # the draft took part (a run that never drafted would be plain sampling, exact for free)
+  assert (np.asarray(out.gammas) > 0).any() and (np.asarray(out.accepted) > 0).any()
   assert chi_square_pvalue(sequence_index(out.tokens), exact) > SIGNIFICANCE
 
 

@@ -103,8 +103,8 @@ def test_sequences_follow_target_distribution(kind):
 
 
 def test_replay_chooses_as_the_loop_does():
-  """At T=0 the replay of a greedy trace under the rule takes the loop's γ, step for step
-  (test_gamma_replay's hybrid pair: a feature draft and a 2-token lookup)."""
+  """At T=0 the replay of a greedy trace under the rule takes the loop's γ, step for step,
+  in order (test_gamma_replay's hybrid pair: a feature draft and a 2-token lookup)."""
   target = tiny_config(vocab=32, layers=3, width=32, max_seq_len=64)
   feature = tiny_config(vocab=32, layers=1, width=16, max_seq_len=64, tie_embeddings=False,
                         feature_layers=(1, 3), feature_width=32)
@@ -122,6 +122,7 @@ def test_replay_chooses_as_the_loop_does():
                                       depth=GAMMA_MAX)
     got = gamma_replay.replay(trace, gamma_replay.Rule(gamma_rule=rule), costs,
                               max_new_tokens=new)
+    assert got["sequence"] == out.gammas[0][out.gammas[0] >= 0].tolist(), prompt
     assert got["gammas"] == gamma_histogram(out.gammas), prompt
     seen |= set(got["gammas"])
   assert seen == {0, 1, GAMMA_MAX}

@@ -165,7 +165,7 @@ _unrolled = jax.jit(unrolled_feature_logits, static_argnames=("config", "depth",
 def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
            max_new_tokens: int | None = None) -> dict:
   """One prompt under one rule -> dict(speedup (tokens per plain-step cost), tokens,
-  cost, steps, gammas {γ: steps}).
+  cost, steps, gammas {γ: steps}, sequence [γ of each step, in order]).
 
   costs float [2,G'+1]: s_src(0..G') (`adaptive.CostTable.loop_costs`); G' <= G of the
   trace. max_new_tokens: stop once this many are emitted (default: the trace's N).
@@ -178,7 +178,7 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
   n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
   depth = trace.depth
   rule_state = rule.gamma_rule.init(1)
-  at, tokens, cost, gammas = 0, 0, 0.0, {}
+  at, tokens, cost, sequence = 0, 0, 0.0, []
   while tokens < n_max and at < len(depth):
     source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
     column = jnp.asarray([source if rule.by_source else adaptive.DRAFT])
@@ -195,9 +195,10 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
         rule_state, chosen=jnp.asarray([gamma]), proposes=jnp.ones((1,), bool),
         num_accepted=jnp.asarray([accepted]),
         beta=jnp.asarray(trace.hit[None, at, :gmax], jnp.float32), source=column)
-    gammas[gamma] = gammas.get(gamma, 0) + 1
+    sequence.append(gamma)
     tokens += accepted + 1
     cost += s[gamma]
     at += accepted + 1
-  return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=sum(gammas.values()),
-              gammas=gammas)
+  gammas = {g: sequence.count(g) for g in dict.fromkeys(sequence)}  # in order of first use
+  return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=len(sequence),
+              gammas=gammas, sequence=sequence)
