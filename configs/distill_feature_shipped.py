@@ -5,7 +5,8 @@ r"""The shipped feature draft of SmolLM2-135M-Instruct: trained on text like wha
   nice -n 19 python scripts/distill.py --config=configs/distill_feature_shipped.py \
       --workdir=runs/distill_feature_shipped
   python scripts/export_draft.py --workdir=runs/distill_feature_shipped \
-      --out=drafts/smollm2_feature_v1
+      --out=drafts/smollm2_feature_v1 --command="make distill" \
+      --report_out=docs/results/distill_shipped.json
 
 The draft is configs/distill_feature_smollm2.py's (one d=576 decoder layer, EAGLE-3
 style, reading target layers 4/16/29/30; 8192-token subset head), trained on a mix:

@@ -9,7 +9,8 @@ downloads: without `make qwen` the loader says to run it.
   python scripts/generate.py --config=configs/qwen25_coder.py --json
   python scripts/generate.py --config=configs/qwen25_coder.py \
       --prompt "Write a Python function that checks whether a string is a palindrome."
-  python scripts/generate.py --config=configs/qwen25_coder.py --config.draft=none
+  python scripts/generate.py --config=configs/qwen25_coder.py --config.draft=none \
+      --config.draft_head_size=0
   python scripts/benchmark.py --config=configs/qwen25_coder.py
 
 The draft is an independent model (its own cache) on the target's vocabulary of 151,936

@@ -163,6 +163,20 @@ def load_config_args(argv: list[str], flag: str = "config"):
   return values[flag].value
 
 
+def with_default_config(argv: list[str], flag: str = "config") -> list[str]:
+  """argv with --<flag>=<the script's default file> in front where argv names no file and
+  the script's flag has a default (`scripts/run.py`): a default config is checked as a
+  given one is."""
+  from absl import flags
+
+  if any(a.startswith(f"--{flag}=") for a in argv) or flag not in flags.FLAGS:
+    return argv
+  default = flags.FLAGS[flag].default_as_str
+  if not default:
+    return argv
+  return [f"--{flag}={ast.literal_eval(default)}", *argv]
+
+
 def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
   """Raises ValueError (one line) when argv's config breaks `script`'s declaration
   (`specdec_jax.config_fields.check_config`): unknown or unread fields given, bad
@@ -224,7 +238,7 @@ def run(main):
   try:
     problem = check_path_flags(sys.argv[1:])
     if problem is None and declared is not None:
-      check_config_args(sys.argv[1:], script, family, declared)
+      check_config_args(with_default_config(sys.argv[1:]), script, family, declared)
   except ValueError as exc:
     if not is_user_error(exc):
       raise

@@ -6,7 +6,8 @@ r"""Speculative vs autoregressive decoding, side by side in one process.
   python scripts/benchmark.py --config=configs/prompt_lookup_smollm2.py   # n-gram draft
   python scripts/benchmark.py --config=configs/smollm2_135m.py --gammas=auto,1,2,4
   python scripts/benchmark.py --config=configs/smollm2_135m.py \
-      --config.draft=saved:drafts/smollm2_feature_v1 --config.tree=2,2,1 --config.tree_rule=topk
+      --config.draft=saved:drafts/smollm2_feature_v1 --config.gamma=3 --config.tree=2,2,1 \
+      --config.tree_rule=topk
   python scripts/benchmark.py --config=configs/heldout_smollm2.py --out=FILE.json
   python scripts/benchmark.py --config=configs/tiny.py \
       --config.prompt_set=configs/prompts/heldout.json          # any config, any set

@@ -197,6 +197,16 @@ def test_the_command_line_says_one_line_and_exits_2_within_10_s(flag):
   assert seconds < 10
 
 
+def test_a_scripts_default_config_is_checked_as_a_given_one():
+  """scripts/run.py with no --config= runs its default file (configs/smollm2_135m.py): a
+  field set but not used is refused before anything loads, as with --config= (a check
+  that let it through would start `make run`'s work and time out)."""
+  proc, _ = _script("run.py", "--config.tree_rule=topk", timeout=60)
+  assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "error: config.tree_rule is set but not used: no tree is set (config.tree)"]
+
+
 def test_gamma_auto_replays_from_a_pinned_table_with_no_cached_one(tmp_path):
   """generate.py with gamma 'auto' measures a table into an empty cache and records it;
   a second run pinned to that record (--config.costs), with another empty cache, gives
