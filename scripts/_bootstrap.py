@@ -164,17 +164,29 @@ def load_config_args(argv: list[str], flag: str = "config"):
 
 
 def with_default_config(argv: list[str], flag: str = "config") -> list[str]:
-  """argv with --<flag>=<the script's default file> in front where argv names no file and
-  the script's flag has a default (`scripts/run.py`): a default config is checked as a
-  given one is."""
+  """argv with its config file as one `--<flag>=FILE`: `--<flag> FILE` joined, or the
+  script's default file put in front where argv names none and the flag has one
+  (`scripts/run.py`), so that a default or space-separated config is checked as a given
+  one is. Unchanged where the flag is not defined or has no default."""
   from absl import flags
 
-  if any(a.startswith(f"--{flag}=") for a in argv) or flag not in flags.FLAGS:
+  if flag not in flags.FLAGS:
     return argv
-  default = flags.FLAGS[flag].default_as_str
-  if not default:
+  if _flag_values(argv, flag):
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+      if skip:
+        skip = False
+      elif arg == f"--{flag}" and i + 1 < len(argv):
+        out.append(f"--{flag}={argv[i + 1]}")
+        skip = True
+      else:
+        out.append(arg)
+    return out
+  default = flags.FLAGS[flag].default_unparsed
+  if not isinstance(default, str) or not default:
     return argv
-  return [f"--{flag}={ast.literal_eval(default)}", *argv]
+  return [f"--{flag}={default}", *argv]
 
 
 def check_config_args(argv: list[str], script: str, family: str, reads) -> None:
@@ -236,9 +248,10 @@ def run(main):
     declared = tuple(FAMILIES[family])
   script = os.path.basename(sys.argv[0]) if sys.argv else "script"
   try:
-    problem = check_path_flags(sys.argv[1:])
+    argv = with_default_config(sys.argv[1:])
+    problem = check_path_flags(argv)
     if problem is None and declared is not None:
-      check_config_args(with_default_config(sys.argv[1:]), script, family, declared)
+      check_config_args(argv, script, family, declared)
   except ValueError as exc:
     if not is_user_error(exc):
       raise

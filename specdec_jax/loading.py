@@ -187,8 +187,10 @@ def _load_model_draft(name: str, tokenizer, target_config: ModelConfig, target_p
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
     if not os.path.isdir(directory):
-      raise ValueError(f"draft {name!r}: {directory} does not exist (make it with "
-                       f"scripts/run.py --config.draft={name} or scripts/distill.py)")
+      shipped = os.path.basename(os.path.dirname(os.path.normpath(directory))) == "drafts"
+      how = "make distill" if shipped else f"scripts/run.py --config.draft={name}"
+      raise ValueError(f"draft {name!r}: {directory} does not exist (make it with {how} or "
+                       "scripts/distill.py)")
     params, cfg, _ = load_params(directory, tokenizer_identity=tokenizer.identity)
     cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, target_config.max_seq_len),
                       dtype=target_config.dtype)  # a saved draft decodes at the run's dtype

@@ -207,6 +207,18 @@ def test_a_scripts_default_config_is_checked_as_a_given_one():
       "error: config.tree_rule is set but not used: no tree is set (config.tree)"]
 
 
+@pytest.mark.parametrize("args,message", [
+    ((), "--config must have a value other than None"),  # generate.py has no default file
+    (("--config", "configs/tiny.py", "--config.tree_rule=topk"),  # the space-separated form
+     "error: config.tree_rule is set but not used: no tree is set (config.tree)"),
+])
+def test_a_config_named_either_way_or_none_is_one_line(args, message):
+  proc, _ = _script("generate.py", "--prompt=abc", *args, timeout=60)
+  assert proc.returncode == _bootstrap.USAGE_ERROR, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
 def test_gamma_auto_replays_from_a_pinned_table_with_no_cached_one(tmp_path):
   """generate.py with gamma 'auto' measures a table into an empty cache and records it;
   a second run pinned to that record (--config.costs), with another empty cache, gives

@@ -386,3 +386,21 @@ def test_tree_tables_hold_one_machine_each(tmp_path):
       doc, rows=TREES["rows"] + [dict(dynamic, stamp=STAMP)], costs_stamp=STAMP)})
   assert "Counted on" not in page and "| dynamic 4 of best-first 8 |" in page
   assert len([b for b in page.split("\n\n") if b.startswith("| shape |")]) == 1
+
+
+SOAK = dict(stamp=dict(STAMP, command="python scripts/soak.py --config=configs/tiny.py "
+                       "--steps=1000 --out=docs/results/soak_tiny.json"),
+            summary=dict(calls=20, steps=1036, tokens=5120, seconds=6.2,
+                         compiled_after_first_call=1, compiled_at_end=1,
+                         rss_after_first_call_mb=571.4, rss_at_end_mb=571.5,
+                         rss_max_drift=0.0001, acceptance=0.31),
+            record=[], config=dict(target="random_tiny", draft="truncate:1", gamma="auto",
+                                   batch_size=4, max_new_tokens=64, temperature=1.0))
+
+
+def test_soak_section_and_headline(tmp_path):
+  files = results_page.expected_files(make_root(tmp_path, {"soak_tiny.json": SOAK}))
+  page, readme = files[results_page.PAGE], files[results_page.README]
+  assert "| 20 | 1036 | 5120 | 6 | 1 / 1 | 571 → 572 MB | 0.01% |" in page
+  assert "Target `random_tiny`, draft `truncate:1`, γ `auto`" in page
+  assert "5120 tokens in 20 calls: decode loops compiled 1 after call 1, 1 at the end" in readme
