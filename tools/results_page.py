@@ -288,7 +288,8 @@ _SOAK_ABOUT = (
     "`speculative_generate` called again and again on prompts of one shape "
     "(docs/reliability.md), the count of compiled decode loops and the resident memory "
     "(VmRSS) read after every call: long generation must compile once and hold its memory "
-    "flat.")
+    "flat. The count is of the process's compiled decode loops, so it includes those the "
+    "cost table of gamma 'auto' timed where the run measured one.")
 SECTIONS += (
     tpu_plan("tpu-plan-smollm2-v5e", "tpu_plan_smollm2_v5e.json",
              "Compile plan: SmolLM2-135M with the shipped hybrid on a TPU v5e 2x2",
