@@ -173,16 +173,8 @@ def with_default_config(argv: list[str], flag: str = "config") -> list[str]:
   if flag not in flags.FLAGS:
     return argv
   if _flag_values(argv, flag):
-    out, skip = [], False
-    for i, arg in enumerate(argv):
-      if skip:
-        skip = False
-      elif arg == f"--{flag}" and i + 1 < len(argv):
-        out.append(f"--{flag}={argv[i + 1]}")
-        skip = True
-      else:
-        out.append(arg)
-    return out
+    rest = iter(argv)
+    return [f"--{flag}={next(rest, '')}" if arg == f"--{flag}" else arg for arg in rest]
   default = flags.FLAGS[flag].default_unparsed
   if not isinstance(default, str) or not default:
     return argv

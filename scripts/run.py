@@ -37,7 +37,7 @@ from ml_collections import config_flags
 from specdec_jax import config_proposer
 
 from specdec_jax.bench import studies
-from specdec_jax.loading import encode_prompts, load_draft, load_pair
+from specdec_jax.loading import encode_prompts, is_shipped_draft, load_draft, load_pair
 from specdec_jax.decoding.loop import autoregressive_generate
 from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts.registry import as_draft
@@ -78,7 +78,7 @@ def ensure_draft(config, distill_config) -> None:
     return
   if draft_dir.exists():
     raise FileExistsError(f"{draft_dir} exists but holds no model.json; remove it")
-  if draft_dir.parent.name == "drafts":  # a shipped draft: never replaced by a short run
+  if is_shipped_draft(draft_dir):  # never replaced by a short run
     raise FileNotFoundError(f"the shipped draft {spec!r} is missing: restore it with `git "
                             f"checkout -- drafts/` or rebuild it with `make distill`")
   from specdec_jax.distill import run_distillation

@@ -180,6 +180,11 @@ def load_draft(name: str, tokenizer, target_config: ModelConfig, target_params, 
   return cfg, params
 
 
+def is_shipped_draft(directory: str | os.PathLike) -> bool:
+  """A directory under drafts/: a shipped draft, remade only by `make distill`."""
+  return os.path.basename(os.path.dirname(os.path.normpath(directory))) == "drafts"
+
+
 def _load_model_draft(name: str, tokenizer, target_config: ModelConfig, target_params, *,
                       dims, seed: int):
   """(config, params) of a model draft named `name` (see `load_draft`)."""
@@ -187,8 +192,8 @@ def _load_model_draft(name: str, tokenizer, target_config: ModelConfig, target_p
     from specdec_jax.io.checkpoint import load_params
     directory = name[len("saved:"):]
     if not os.path.isdir(directory):
-      shipped = os.path.basename(os.path.dirname(os.path.normpath(directory))) == "drafts"
-      how = "make distill" if shipped else f"scripts/run.py --config.draft={name}"
+      how = ("make distill" if is_shipped_draft(directory)
+             else f"scripts/run.py --config.draft={name}")
       raise ValueError(f"draft {name!r}: {directory} does not exist (make it with {how} or "
                        "scripts/distill.py)")
     params, cfg, _ = load_params(directory, tokenizer_identity=tokenizer.identity)

@@ -33,6 +33,7 @@ speedups is in docs/results.md#gamma-rules.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import jax
@@ -199,6 +200,5 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
     tokens += accepted + 1
     cost += s[gamma]
     at += accepted + 1
-  gammas = {g: sequence.count(g) for g in dict.fromkeys(sequence)}  # in order of first use
   return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=len(sequence),
-              gammas=gammas, sequence=sequence)
+              gammas=dict(collections.Counter(sequence)), sequence=sequence)
