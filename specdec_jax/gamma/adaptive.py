@@ -18,17 +18,24 @@ measured form is the one the scripts use.
 Each row b keeps a belief about its acceptance per proposal source src (DRAFT = 0: the
 draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right far more often
 where it matches): discounted sums of the exact β_i = Σ min(p_i, q_i) at the drafted
-positions it observed from that source, and of their count, twice (`Belief`),
-  S ← KEEP·S + β_i,  n ← KEEP·n + 1,  f ← KEEP·f,  m ← EVIDENCE_KEEP·m + 1
-                                                      per observed position, in order,
-  S, n, f, m ← FORGET·(S, n, f, m)                    per step the column observes nothing,
+positions it observed from that source, of their squares, and of their count, twice
+(`Belief`),
+  S ← KEEP·S + β_i,  Q ← KEEP·Q + β_i²,  n ← KEEP·n + 1,  f ← KEEP·f,
+  m ← EVIDENCE_KEEP·m + 1                             per observed position, in order,
+  S, Q, n, f, m ← FORGET·(S, Q, n, f, m)              per step the column observes nothing,
 with the mean α̂ = (S + f·n₀·α₀) / (n + f·n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT
-pseudo-positions, f = 1 at the start: the prior fades like any evidence) and the
-optimistic bound α⁺ = min(1, α̂ + OPTIMISM·sqrt(α̂(1-α̂) / (m + f·n₀))). The mean weighs
+pseudo-positions, f = 1 at the start: the prior fades like any evidence), the spread of
+β about it σ̂² = (Q + f·n₀·α₀) / (n + f·n₀) - α̂² (the prior's pseudo-positions count as
+Bernoulli draws of mean α₀), and the optimistic bound
+α⁺ = min(1, α̂ + OPTIMISM·sqrt(σ̂² / (m + f·n₀))).
+At T = 0 every β_i is 0 or 1, so Q = S and σ̂² = α̂(1-α̂), the Bernoulli variance. At
+T > 0 β_i is a probability, whose spread over positions lies far below α̂(1-α̂)
+(measured: docs/results.md#gamma-rules-t1), so a bound sized for Bernoulli draws would
+keep a row just below the threshold probing far longer than its evidence warrants. The mean weighs
 about the last 1 / (1 - KEEP) = 10 positions, so it follows the text; the bound's width
 stands on about the last 1 / (1 - EVIDENCE_KEEP) = 50, so it keeps narrowing as the row
 observes more (with the mean's own count, the width could never fall below
-sqrt(α̂(1-α̂)/10), about 0.16 at α̂ = 0.6, and a row that close below the table's
+sqrt(σ̂²/10), about 0.16 at a Bernoulli α̂ = 0.6, and a row that close below the table's
 threshold would probe on every step). FORGET leaves the mean of a row that stopped
 drafting where it was and shrinks the evidence it stands on, so its bound widens with
 time.
@@ -50,7 +57,7 @@ This is optimism under uncertainty with discounted evidence (the discounted UCB 
 Garivier and Moulines 2011): a fresh row's bound drafts from its first step whatever the
 prior's mean wherever the table's threshold lies below that bound, a row whose drafts
 were rejected stops drafting once α⁺ falls below the table's threshold (never, for a row
-within sqrt(α̂(1-α̂)(1-EVIDENCE_KEEP)) below it: EVIDENCE_KEEP caps m at
+within sqrt(σ̂²(1-EVIDENCE_KEEP)) below it: EVIDENCE_KEEP caps m at
 1 / (1 - EVIDENCE_KEEP)), and probes again
 once enough of its evidence has faded; a probe is worth more the closer α̂ sits to the
 threshold and the longer the row went unobserved, the value of the information it buys
@@ -245,11 +252,13 @@ def choose_gamma(alpha: Array, costs: Array) -> Array:
 @flax.struct.dataclass
 class Belief:
   """Each row's evidence about its acceptance per source (module docstring), float32
-  [B,2] each: beta_sum (S, discounted Σ β), count (n, positions discounted as S is: the
-  mean's weight), prior (f, what is left of the prior's weight, 1 at the start) and
-  evidence (m, positions discounted by EVIDENCE_KEEP: the bound's weight)."""
+  [B,2] each: beta_sum (S, discounted Σ β), square_sum (Q, discounted Σ β²), count (n,
+  positions discounted as S is: the mean's weight), prior (f, what is left of the prior's
+  weight, 1 at the start) and evidence (m, positions discounted by EVIDENCE_KEEP: the
+  bound's weight)."""
 
   beta_sum: Array
+  square_sum: Array
   count: Array
   prior: Array
   evidence: Array
@@ -258,7 +267,8 @@ class Belief:
 def initial_belief(batch: int) -> Belief:
   """Every row's belief before it observes anything: the prior alone (n = 0, f = 1)."""
   zeros = jnp.zeros((batch, len(ALPHA_PRIOR)), jnp.float32)
-  return Belief(beta_sum=zeros, count=zeros, prior=jnp.ones_like(zeros), evidence=zeros)
+  return Belief(beta_sum=zeros, square_sum=zeros, count=zeros, prior=jnp.ones_like(zeros),
+                evidence=zeros)
 
 
 class GammaRule(Protocol):
@@ -327,6 +337,7 @@ class BeliefRule:
   evidence_keep: float = EVIDENCE_KEEP
   optimism: float = OPTIMISM
   lookahead: bool = True  # probe only where a probe's best outcome would make the row draft
+  observed_spread: bool = True  # the bound's width from σ̂² (False: from α̂(1 - α̂))
 
   def init(self, batch: int) -> Belief:
     """`initial_belief`: the rule's state (`GammaRule.init`)."""
@@ -351,11 +362,23 @@ class BeliefRule:
     total = belief.beta_sum + belief.prior * self.prior_weight * prior
     return jnp.where(weight > 1e-12, total / jnp.maximum(weight, 1e-12), prior)
 
+  def variance(self, belief: Belief) -> Array:
+    """float32 [B,2]: σ̂² = (Q + f n₀ α₀) / (n + f n₀) - α̂², the spread of β about the
+    mean (α̂(1 - α̂) at T = 0, where Q = S; α₀(1 - α₀) before any evidence); α̂(1 - α̂)
+    itself where not observed_spread."""
+    if not self.observed_spread:
+      mean = self.mean(belief)
+      return jnp.clip(mean * (1.0 - mean), 0.0)
+    prior = jnp.asarray(self.prior, jnp.float32)
+    weight = self.weight(belief)
+    second = belief.square_sum + belief.prior * self.prior_weight * prior
+    second = jnp.where(weight > 1e-12, second / jnp.maximum(weight, 1e-12), prior)
+    return jnp.clip(second - self.mean(belief) ** 2, 0.0)
+
   def bound(self, belief: Belief) -> Array:
-    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(α̂ (1 - α̂) / (m + f n₀)))."""
+    """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(σ̂² / (m + f n₀)))."""
     mean = self.mean(belief)
-    spread = jnp.sqrt(jnp.clip(mean * (1.0 - mean), 0.0)
-                      / jnp.maximum(self.bound_weight(belief), 1e-12))
+    spread = jnp.sqrt(self.variance(belief) / jnp.maximum(self.bound_weight(belief), 1e-12))
     return jnp.minimum(mean + self.optimism * spread, 1.0)
 
   def choose(self, belief: Belief, costs: Array, source: Array) -> Array:
@@ -394,25 +417,27 @@ class BeliefRule:
 
     A position i is observed when the row proposed it (i <= γ_b) and reached it (every
     earlier draft accepted); the column of the row's source takes them (S ← KEEP S + β_i,
-    n ← KEEP n + 1, f ← KEEP f, m ← EVIDENCE_KEEP m + 1 each), every column that observed
-    nothing fades by FORGET.
+    Q ← KEEP Q + β_i², n ← KEEP n + 1, f ← KEEP f, m ← EVIDENCE_KEEP m + 1 each), every
+    column that observed nothing fades by FORGET.
     chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G]
     (β_i); source int [B] (the column this step updates).
     """
     j = jnp.arange(beta.shape[1])[None, :]
     observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])
-    total, count, prior, evidence = belief.beta_sum, belief.count, belief.prior, belief.evidence
+    total, square, count = belief.beta_sum, belief.square_sum, belief.count
+    prior, evidence = belief.prior, belief.evidence
     column = jnp.arange(total.shape[1])[None, :] == source[:, None]  # [B,2]
     for i in range(beta.shape[1]):  # G is small and static
       hit = column & observed[:, i:i + 1]
       total = jnp.where(hit, self.keep * total + beta[:, i:i + 1], total)
+      square = jnp.where(hit, self.keep * square + beta[:, i:i + 1] ** 2, square)
       count = jnp.where(hit, self.keep * count + 1.0, count)
       prior = jnp.where(hit, self.keep * prior, prior)
       evidence = jnp.where(hit, self.evidence_keep * evidence + 1.0, evidence)
     quiet = ~(column & observed.any(axis=1, keepdims=True))
     fade = jnp.where(quiet, self.forget, 1.0)
-    return Belief(beta_sum=fade * total, count=fade * count, prior=fade * prior,
-                  evidence=fade * evidence)
+    return Belief(beta_sum=fade * total, square_sum=fade * square, count=fade * count,
+                  prior=fade * prior, evidence=fade * evidence)
 
 
 DEFAULT_RULE = BeliefRule()
