@@ -1,8 +1,11 @@
-r"""Rules for choosing γ compared offline on the held-out set (T = 0): replayed greedy decodes.
+r"""Rules for choosing γ compared offline on the held-out set: replayed decodes.
 
   python scripts/gamma_policy_study.py --config=configs/heldout_smollm2.py \
       --out=docs/results/gamma_rules.json \
       --measured=docs/results/benchmark_heldout_smollm2.json
+  python scripts/gamma_policy_study.py --config=configs/heldout_smollm2.py \
+      --config.temperature=1 --out=docs/results/gamma_rules_t1.json \
+      --measured=docs/results/benchmark_heldout_smollm2_t1.json
 
 One greedy decode per prompt (the config's prompt set, `max_new_tokens`) records, for every
 start, which of the draft's next G proposals the target's greedy tokens confirm (a feature
@@ -20,6 +23,8 @@ speedup over autoregressive decoding per prompt. Rules:
   no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
                 bound from the evidence it has still clears the threshold
   no-lookahead  a probe is taken even where its best outcome would not make the row draft
+  bernoulli-width  the bound's width from α̂(1-α̂), not from the observed spread of β (the
+                same rule at T = 0, where every β is 0 or 1)
   short-width   the bound's width from the mean's own count (EVIDENCE_KEEP = KEEP, about
                 10 positions): a row just below the threshold never stops probing
   default-prior the default rule's prior (where config.gamma_prior sets another)
@@ -27,6 +32,12 @@ speedup over autoregressive decoding per prompt. Rules:
                 proposes at most k drafts (`SmallProbeRule`, a γ rule defined in this file)
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
   oracle        each step the γ of the most tokens per cost given its true depth (a bound)
+At T > 0 (config.temperature) no replay is exact: one decode per prompt at fixed γ = G
+records the exact β of every position it reached, and each rule walks that trace
+--replicates times, drawing each draft's acceptance with probability β
+(`gamma_replay.replay_sampled`, a model of sampled decoding); 'one-estimate' and 'oracle'
+are left out, and the spread of β over positions against Bernoulli draws of the same mean
+is reported.
 --measured: a held-out benchmark JSON (scripts/benchmark.py) of the same config whose
 per-prompt speedups the 'auto' replay is set beside (correlation, mean ratio).
 The JSON holds the machine stamp, the cost table, and per rule the geometric mean with
@@ -48,6 +59,7 @@ from specdec_jax.gamma import adaptive, cost_cache, gamma_replay, machine_costs
 
 from specdec_jax.bench import prompt_sets
 from specdec_jax.config_proposer import config_rule
+from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
 from specdec_jax.io.atomic import atomic_write_json
 from specdec_jax.io.machine import machine_stamp
 from specdec_jax.loading import load_pair
@@ -57,13 +69,15 @@ CONFIG_READS = (
     "tokenizer", "target", "target_model", "draft", "feature_draft", "draft_model",
     "draft_head_tokens", "draft_head_size", "dtype",
     "max_seq_len", "unstacked", "chat", "prompts", "prompt_set", "gamma_max", "gamma_prior",
-    "costs", "verifier", "top_k", "top_p", "max_new_tokens", "seed"
+    "costs", "verifier", "temperature", "top_k", "top_p", "max_new_tokens", "seed"
 )
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/heldout_smollm2.py",
                                           "a configs/*.py file with a prompt_set",
                                           lock_config=True)
 _OUT = flags.DEFINE_string("out", None, "write the results as JSON here")
 _MEASURED = flags.DEFINE_string("measured", None, "a held-out benchmark JSON to compare with")
+_REPLICATES = flags.DEFINE_integer("replicates", 64, "at T > 0: replays of each prompt's trace "
+                                   "per rule (each draws its own acceptances)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,10 +96,11 @@ class SmallProbeRule(adaptive.BeliefRule):
     return jnp.where(exploit > 0, exploit, jnp.minimum(bound, self.probe))
 
 
-def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE
-          ) -> dict[str, tuple[gamma_replay.Rule, bool]]:
+def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE,
+          sampled: bool = False) -> dict[str, tuple[gamma_replay.Rule, bool]]:
   """name -> (rule, lookup steps at their own costs); base: the config's gamma 'auto' rule
-  (`config_proposer.config_rule`), which every variant changes in one respect."""
+  (`config_proposer.config_rule`), which every variant changes in one respect. sampled:
+  the rules `gamma_replay.replay_sampled` runs (no 'one-estimate', no 'oracle')."""
   fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
   out = {"auto": (gamma_replay.Rule(base), True),
          "one-estimate": (gamma_replay.Rule(base, by_source=False), False),
@@ -94,13 +109,18 @@ def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE
          "short-width": (gamma_replay.Rule(dataclasses.replace(base, evidence_keep=base.keep)),
                          True),
          "no-lookahead": (gamma_replay.Rule(dataclasses.replace(base, lookahead=False)), True),
+         "bernoulli-width": (gamma_replay.Rule(dataclasses.replace(base, observed_spread=False)),
+                             True),
          "probe-1": (gamma_replay.Rule(SmallProbeRule(**fields, probe=1)), True),
          "probe-2": (gamma_replay.Rule(SmallProbeRule(**fields, probe=2)), True)}
   if base != adaptive.DEFAULT_RULE:
     out["default-prior"] = (gamma_replay.Rule(), True)
   for g in range(1, gamma_max + 1):
     out[f"fixed-{g}"] = (gamma_replay.Rule(fixed=g), True)
-  out["oracle"] = (gamma_replay.Rule(oracle=True), True)
+  if sampled:
+    del out["one-estimate"]
+  else:
+    out["oracle"] = (gamma_replay.Rule(oracle=True), True)
   return out
 
 
@@ -111,9 +131,9 @@ def main(argv):
   if not config.get("prompt_set", ""):
     raise ValueError("gamma_policy_study needs a config with a prompt_set "
                      "(e.g. configs/heldout_smollm2.py)")
-  config.unlock()
-  config.temperature = 0.0  # the replay is exact for greedy decoding only
-  config.lock()
+  if _REPLICATES.value < 1:
+    raise ValueError(f"--replicates must be an int >= 1, got {_REPLICATES.value}")
+  sampled = float(config.temperature) > 0
   records = prompt_sets.load_prompt_set(config.prompt_set)
   pair = load_pair(config)
   gamma_max = int(config.get("gamma_max", adaptive.DEFAULT_GAMMA_MAX))
@@ -123,20 +143,34 @@ def main(argv):
   costs = table.loop_costs(gamma_max)
   prompts = prompt_sets.encode(pair.tokenizer, records)
   max_new = int(config.max_new_tokens)
-  traces = []
+  traces, trace_rows = [], []
+  spec = DecodeSpec(max_new, FixedGamma(gamma_max), sampling=pair.sampling,
+                    verifier=pair.verifier, vocab_size=pair.vocab_size) if sampled else None
   for record, ids in zip(records, prompts):
-    trace = gamma_replay.greedy_trace(pair.target_params, pair.target_config,
-                                      pair.draft_params, pair.draft_config, ids,
-                                      max_new_tokens=max_new, depth=gamma_max,
-                                      vocab_size=pair.vocab_size)
+    if sampled:
+      trace = gamma_replay.sampled_trace(pair.target, pair.draft, ids, spec=spec,
+                                         seed=int(config.seed))
+      trace_rows.append(dict(id=record.id, positions=int(trace.beta.size),
+                             alpha=float(trace.beta.mean()), spread=trace.spread))
+      print(f"  {record.id:14s} {trace.beta.size} positions  alpha {trace.beta.mean():.3f}  "
+            f"spread of beta / Bernoulli {trace.spread:.2f}")
+    else:
+      trace = gamma_replay.greedy_trace(pair.target_params, pair.target_config,
+                                        pair.draft_params, pair.draft_config, ids,
+                                        max_new_tokens=max_new, depth=gamma_max,
+                                        vocab_size=pair.vocab_size)
+      print(f"  {record.id:14s} mean depth {trace.depth.mean():.2f}  "
+            f"lookup at {trace.lookup.mean():.0%} of starts")
     traces.append(trace)
-    print(f"  {record.id:14s} mean depth {trace.depth.mean():.2f}  "
-          f"lookup at {trace.lookup.mean():.0%} of starts")
   domains = [r.domain for r in records]
   rows = []
-  for name, (rule, own_lookup_costs) in rules(gamma_max, config_rule(config)).items():
+  for name, (rule, own_lookup_costs) in rules(gamma_max, config_rule(config), sampled).items():
     rule_costs = costs if own_lookup_costs else np.stack([costs[0], costs[0]])
-    runs = [gamma_replay.replay(t, rule, rule_costs, max_new) for t in traces]
+    if sampled:
+      runs = gamma_replay.replay_sampled(traces, rule, rule_costs, max_new_tokens=max_new,
+                                         replicates=_REPLICATES.value, seed=int(config.seed))
+    else:
+      runs = [gamma_replay.replay(t, rule, rule_costs, max_new) for t in traces]
     speedups = [r["speedup"] for r in runs]
     summary = prompt_sets.domain_summary(domains, speedup=speedups)
     overall = summary[-1]
@@ -146,13 +180,22 @@ def main(argv):
                      lowest=float(min(speedups)), domains=summary,
                      prompts=[dict(id=r.id, domain=r.domain, speedup=s)
                               for r, s in zip(records, speedups)]))
+    if sampled:
+      rows[-1]["drafting_steps"] = float(np.mean([r["drafting_steps"] for r in runs]))
     print(f"{name:13s} {overall['speedup']:.3f} [{overall['speedup_lo']:.3f}, "
           f"{overall['speedup_hi']:.3f}]  below 0.95x: {rows[-1]['below_095']}  "
           f"below 0.97x: {rows[-1]['below_097']}  "
           f"lowest {rows[-1]['lowest']:.2f}")
   meta = dict(config=config.to_dict(), gamma_max=gamma_max, max_new_tokens=max_new,
+              temperature=float(config.temperature),
               costs=dict(step_costs=list(table.step_costs or ()),
                          lookup_step_costs=list(table.lookup_step_costs or ())))
+  if sampled:
+    alphas = np.asarray([t.beta.mean() for t in traces])
+    meta.update(replicates=_REPLICATES.value, traces=trace_rows, beta_spread=float(
+        np.mean([t.beta.var() for t in traces]) / np.mean(alphas * (1 - alphas))))
+    print(f"spread of beta over positions / Bernoulli draws of the same mean, over the set: "
+          f"{meta['beta_spread']:.2f}")
   if _MEASURED.value:
     meta["measured"] = compare(_MEASURED.value, records, rows[0]["prompts"])
   if _OUT.value:

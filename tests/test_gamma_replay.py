@@ -13,7 +13,10 @@ import jax
 
 from helpers import GREEDY, noise_params, speculative, tiny_config, tiny_model
 from specdec_jax.drafts.hybrid import HybridDraft
-from specdec_jax.gamma import gamma_replay
+from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
+from specdec_jax.gamma import adaptive, gamma_replay
+from specdec_jax.models.model import Model
+from specdec_jax.models.sampling import SamplingConfig
 
 PROMPTS = [[1, 2, 3, 1, 2], [4, 5, 6, 7, 8], [10, 11, 10, 11]]
 
@@ -87,6 +90,65 @@ def test_lookup_rows_use_their_own_costs_and_estimate():
   costs = np.asarray([[1.0, 9.0, 9.0, 9.0], [1.0, 1.2, 1.3, 1.4]])
   assert gamma_replay.replay(trace, gamma_replay.Rule(), costs)["gammas"] == {3: 2}
   assert gamma_replay.replay(trace, gamma_replay.Rule(), costs[::-1])["gammas"] == {0: 6}
+
+
+def test_sampled_replay_accepts_with_probability_beta():
+  """A fixed γ walked over a trace whose every β is 0.6 gives E(0.6, γ) / s(γ) tokens per
+  plain-step cost (Leviathan et al. §3), 1.96 / 1.8 at γ = 2; with β = 1 every draft is
+  accepted, 3 / 1.8 (what a walk that ignored β would give at 0.6: the negative control).
+  Over 4 × 200 replicates of 400 tokens the estimate's standard error is about 0.1%; 2% is
+  some 20 of them away (false failures: none in practice; the seed is fixed)."""
+  costs = np.asarray([[1.0, 1.5, 1.8]] * 2)
+  traces = [gamma_replay.SampledTrace(beta=np.full(50, 0.6)) for _ in range(4)]
+  got = gamma_replay.replay_sampled(traces, gamma_replay.Rule(fixed=2), costs,
+                                    max_new_tokens=400, replicates=200)
+  for row in got:
+    assert row["speedup"] == pytest.approx(1.96 / 1.8, rel=0.02)
+    assert row["drafting_steps"] == row["steps"]
+  sure = gamma_replay.replay_sampled([gamma_replay.SampledTrace(beta=np.ones(9))],
+                                     gamma_replay.Rule(fixed=2), costs, max_new_tokens=300,
+                                     replicates=2)
+  assert sure[0]["speedup"] == pytest.approx(3 / 1.8)
+  with pytest.raises(ValueError, match="no oracle"):
+    gamma_replay.replay_sampled(traces, gamma_replay.Rule(oracle=True), costs,
+                                max_new_tokens=10, replicates=1)
+
+
+def test_sampled_replay_of_rows_below_the_threshold():
+  """No γ pays below α ≈ 0.62 under this table. Rows whose β hardly varies about 0.4 (a
+  sampled decode's) take few drafting steps under the default rule, whose bound's width
+  takes the observed spread, and decode at nearly a plain step's cost; under the
+  Bernoulli width (the negative control) they probe for longer. A trace of 0s and 1s has
+  the Bernoulli spread, 1; a constant one, 0."""
+  costs = np.asarray([[1.0, 1.66, 2.0, 2.2, 3.4]] * 2)
+  rng = np.random.default_rng(0)
+  traces = [gamma_replay.SampledTrace(beta=rng.uniform(0.35, 0.45, 60)) for _ in range(3)]
+  spread = dict(replicates=32, max_new_tokens=64)
+  auto = gamma_replay.replay_sampled(traces, gamma_replay.Rule(), costs, **spread)
+  wide = gamma_replay.replay_sampled(
+      traces, gamma_replay.Rule(adaptive.BeliefRule(observed_spread=False)), costs, **spread)
+  for a, b in zip(auto, wide):
+    assert 0 < a["drafting_steps"] < 0.7 * b["drafting_steps"]
+    assert a["speedup"] > b["speedup"]
+  assert gamma_replay.SampledTrace(beta=np.asarray([0.0, 1.0] * 5)).spread == pytest.approx(1.0)
+  assert gamma_replay.SampledTrace(beta=np.full(8, 0.4)).spread == pytest.approx(0.0, abs=1e-9)
+
+
+def test_sampled_trace_is_the_loops_beta_at_reached_positions(pair):
+  """`sampled_trace` keeps the loop's own β of every position a fixed-γ decode reached,
+  in order: as many as the steps' min(accepted + 1, γ)."""
+  target, tp, hybrid, dp = pair
+  feature = hybrid.inner.config
+  sampling = SamplingConfig(temperature=1.0)
+  spec = DecodeSpec(12, FixedGamma(3), sampling=sampling)
+  trace = gamma_replay.sampled_trace(Model(target, tp), Model(feature, dp), PROMPTS[1],
+                                     spec=spec, seed=3)
+  out = speculative((target, tp, feature, dp), [PROMPTS[1]], gamma=3, max_new_tokens=12,
+                    sampling=sampling, seed=3)
+  accepted = out.accepted[0][out.accepted[0] >= 0]
+  assert trace.beta.size == int(np.minimum(accepted + 1, 3).sum())
+  np.testing.assert_allclose(trace.beta, out.accept_prob[0][out.reached()[0]])
+  assert ((trace.beta >= 0) & (trace.beta <= 1 + 1e-6)).all()
 
 
 STUDY_RULES = """

@@ -217,6 +217,19 @@ SECTIONS = (
             ("scripts/gamma_policy_study.py", "--config=configs/heldout_smollm2.py",
              f"--out={RESULTS_DIR}/gamma_rules.json",
              f"--measured={RESULTS_DIR}/benchmark_heldout_smollm2.json"), needs_draft=True),
+    Section("gamma-rules-t1", "gamma_rules_t1.json", "gamma_rules",
+            "Rules for choosing γ on the held-out set at T = 1 (a model of sampled decoding)",
+            "At T = 1 the text depends on the choices, so no replay is exact. One decode per "
+            "held-out prompt at a fixed γ = G records the exact β = Σ min(p, q) of every "
+            "drafted position it reached; each rule then walks that trace many times under "
+            "this machine's measured step costs at T = 1, accepting each draft with "
+            "probability β (`gamma_replay.replay_sampled`). The spread line sets the "
+            "variance of β over a prompt's positions beside α(1 − α), the variance of "
+            "Bernoulli draws of the same mean, which the bound's width would take without "
+            "it: 'bernoulli-width' is the rule with that width.",
+            ("scripts/gamma_policy_study.py", "--config=configs/heldout_smollm2.py",
+             "--config.temperature=1", f"--out={RESULTS_DIR}/gamma_rules_t1.json",
+             f"--measured={RESULTS_DIR}/benchmark_heldout_smollm2_t1.json"), needs_draft=True),
     Section("gamma-rules-qwen", "gamma_rules_qwen25_coder.json", "gamma_rules",
             "Rules for choosing γ on the Qwen pair, replayed on its held-out set (greedy)",
             "The same replay for Qwen2.5-Coder 1.5B with its 0.5B draft on its 18 held-out "

@@ -482,18 +482,33 @@ def gamma_rules_table(doc: dict) -> list[str]:
   config = meta.get("config", {})
   rows = doc.get("rows", [])
   domains = [d["domain"] for d in rows[0]["domains"] if d["domain"] != ALL] if rows else []
+  temperature = float(meta.get("temperature", 0.0) or 0.0)
+  sampled = temperature > 0
+  how = (f"T = {temperature:g}, each prompt's trace walked {meta.get('replicates', '?')} times"
+         if sampled else "greedy")
   lines = [f"Prompt set `{config.get('prompt_set', '?')}`, draft `{config.get('draft', '?')}`, "
-           f"greedy, {meta.get('max_new_tokens', '?')} new tokens, γ at most "
+           f"{how}, {meta.get('max_new_tokens', '?')} new tokens, γ at most "
            f"{meta.get('gamma_max', '?')}; predicted speedup = tokens / Σ s(γ) over each "
-           "replayed decode.", ""]
+           "replayed decode" + (" (geometric mean over the walks)." if sampled else "."), ""]
   body = []
   for r in rows:
     by = {d["domain"]: d for d in r["domains"]}
     body.append([r["rule"], with_interval(by.get(ALL, {}), "speedup", ".2f", "x")]
                 + [num(by[d]["speedup"], ".2f") for d in domains]
-                + [str(r["below_095"]), str(r.get("below_097", "–")), num(r["lowest"], ".2f")])
+                + [str(r["below_095"]), str(r.get("below_097", "–")), num(r["lowest"], ".2f")]
+                + ([num(r.get("drafting_steps"), ".1f")] if sampled else []))
   lines += table(["rule", "speedup [95%]"] + domains
-                 + ["prompts < 0.95x", "prompts < 0.97x", "lowest"], body)
+                 + ["prompts < 0.95x", "prompts < 0.97x", "lowest"]
+                 + (["drafting steps per prompt"] if sampled else []), body)
+  if sampled and meta.get("traces"):
+    traces = meta["traces"]
+    spreads = [t["spread"] for t in traces]
+    lines += ["", f"Spread of β over a prompt's drafted positions, as a share of α(1 − α): "
+              f"{num(meta.get('beta_spread'), '.2f')} over the set (per prompt "
+              f"{min(spreads):.2f} to {max(spreads):.2f}); α per prompt "
+              f"{min(t['alpha'] for t in traces):.2f} to {max(t['alpha'] for t in traces):.2f}, "
+              f"{min(t['positions'] for t in traces)} to "
+              f"{max(t['positions'] for t in traces)} positions each."]
   costs = meta.get("costs", {})
   if costs:
     lookup = costs.get("lookup_step_costs") or []  # none for a draft with no lookup

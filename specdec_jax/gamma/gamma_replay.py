@@ -1,6 +1,8 @@
-"""Rules for choosing γ, compared offline by replaying greedy decodes (T = 0).
+"""Rules for choosing γ, compared offline: greedy decodes replayed exactly (T = 0), sampled
+ones walked as a model (T > 0).
 
-Letters: P prompt tokens, N new tokens, T = P + N, G drafted depth, D draft layers' passes.
+Letters: P prompt tokens, N new tokens, T = P + N, G drafted depth, D draft layers' passes,
+K drafted positions a sampled decode reached, R replicates.
 
 At T = 0 the emitted text does not depend on the γ a rule chooses: it is the target's
 greedy continuation. So one pass per prompt records everything a rule can see or gain:
@@ -18,6 +20,17 @@ proposal. hit[ℓ, j] past the first miss is then not the loop's proposal, but n
 it: a step accepts the leading run of hits and observes the first miss after it.
 `greedy_trace` is checked against the loop's own accepted counts in
 tests/test_gamma_replay.py.
+
+At T > 0 the text depends on the choices, so no replay is exact. `sampled_trace` records
+one sampled decode at a fixed γ = G instead: the exact β_i = Σ min(p_i, q_i) of every
+drafted position it reached, in order (the loop's own `accept_prob`). `replay_sampled`
+then walks each trace under a rule, R times: a step from position a proposing γ reads
+β_{a+1..a+γ} (cycling through the trace), accepts draft j with probability β_j (the
+probability token-wise verification accepts it) given its j-1 predecessors were accepted,
+observes the positions it reached, and moves a on by as many. Every position counts as the
+draft model's (the decode does not record a hybrid's source per step), at the draft's
+step costs. It is a model of sampled decoding, not a replay of it: it holds each
+position's β to the recorded text and draws acceptance independently.
 
 `replay` then walks a trace under a rule: at ℓ choose γ (from what the rule has observed
 so far, as `adaptive` does in the loop), emit min(depth, γ) + 1 tokens at a cost of
@@ -40,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_jax.decoding.loop import autoregressive_generate
+from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import DecodeSpec
 from specdec_jax.drafts import ngram
 from specdec_jax.drafts.feature import FeatureDraft
@@ -202,3 +215,78 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
     at += accepted + 1
   return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=len(sequence),
               gammas=dict(collections.Counter(sequence)), sequence=sequence)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledTrace:
+  """One prompt's sampled decode at a fixed γ (module docstring): beta float [K], the exact
+  β of the K drafted positions it reached, in order."""
+
+  beta: np.ndarray
+
+  @property
+  def spread(self) -> float:
+    """The variance of β over the positions divided by α(1 - α), that of Bernoulli draws
+    of the same mean α (1 at T = 0, where every β is 0 or 1)."""
+    alpha = float(self.beta.mean())
+    return float(self.beta.var() / max(alpha * (1.0 - alpha), 1e-12))
+
+
+def sampled_trace(target: Model, draft: Model, prompt, *, spec: DecodeSpec, seed: int = 0
+                  ) -> SampledTrace:
+  """The trace of one prompt (token ids) sampled under `spec` (a fixed γ, T > 0)."""
+  out = speculative_generate(target, draft, [prompt], spec=spec, seed=seed)
+  return SampledTrace(beta=np.asarray(out.accept_prob[0][out.reached()[0]], np.float64))
+
+
+def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
+                   max_new_tokens: int, replicates: int, seed: int = 0) -> list[dict]:
+  """Each trace under one rule, `replicates` times (module docstring) -> per trace
+  dict(speedup (the geometric mean over replicates of tokens per plain-step cost), steps
+  and drafting steps (means over replicates)).
+
+  costs float [2,G+1]: s_src(0..G); the draft's row is taken for every step. The rule's
+  own `init`, `choose` and `observe` run on all traces × replicates as rows of one batch
+  (each row's choice depends on its own past only). rule.oracle is not defined here.
+  """
+  if rule.oracle:
+    raise ValueError("replay_sampled has no oracle: a step's outcome is drawn, not known")
+  s = np.asarray(costs, np.float64)[adaptive.DRAFT]
+  gmax = len(s) - 1
+  both = jnp.asarray(np.stack([s, s]), jnp.float32)
+  rows = len(traces) * replicates
+  pools = [traces[i // replicates].beta for i in range(rows)]
+  rng = np.random.default_rng(seed)
+  at = rng.integers(0, 1 << 20, rows)  # each replicate starts at its own place
+  source = jnp.full((rows,), adaptive.DRAFT, jnp.int32)
+  gamma_rule = rule.gamma_rule
+  choose = jax.jit(lambda st: gamma_rule.choose(st, both, source))
+  observe = jax.jit(lambda st, chosen, live, accepted, beta: gamma_rule.observe(
+      st, chosen=chosen, proposes=live, num_accepted=accepted, beta=beta, source=source))
+  state = gamma_rule.init(rows)
+  tokens, cost = np.zeros(rows, np.int64), np.zeros(rows)
+  steps, drafting = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+  while (tokens < max_new_tokens).any():
+    live = tokens < max_new_tokens
+    gamma = np.full(rows, rule.fixed) if rule.fixed is not None else np.clip(
+        np.asarray(choose(state)), 0, gmax)
+    gamma = np.where(live, gamma, 0)
+    beta = np.zeros((rows, gmax), np.float32)
+    for row in np.flatnonzero(gamma):
+      pool = pools[row]
+      beta[row, :gamma[row]] = pool[(at[row] + np.arange(gamma[row])) % len(pool)]
+    accept = (rng.random((rows, gmax)) < beta) & (np.arange(gmax)[None] < gamma[:, None])
+    accepted = np.cumprod(accept, axis=1).sum(axis=1)
+    at += np.minimum(accepted + 1, gamma)
+    tokens += np.where(live, accepted + 1, 0)
+    cost += np.where(live, s[gamma], 0.0)
+    steps += live
+    drafting += live & (gamma > 0)
+    if rule.fixed is None:
+      state = observe(state, jnp.asarray(gamma, jnp.int32), jnp.asarray(live),
+                      jnp.asarray(accepted, jnp.int32), jnp.asarray(beta))
+  speedup = np.log(np.minimum(tokens, max_new_tokens) / cost).reshape(len(traces), replicates)
+  return [dict(speedup=float(np.exp(speedup[i].mean())),
+               steps=float(steps.reshape(len(traces), -1)[i].mean()),
+               drafting_steps=float(drafting.reshape(len(traces), -1)[i].mean()))
+          for i in range(len(traces))]
