@@ -355,25 +355,26 @@ class BeliefRule:
     """float32 [B,2]: m + f n₀, the evidence the bound's width stands on."""
     return belief.evidence + belief.prior * self.prior_weight
 
-  def mean(self, belief: Belief) -> Array:
-    """float32 [B,2]: α̂ = (S + f n₀ α₀) / (n + f n₀) (α₀ once nothing is left of either)."""
+  def with_prior(self, belief: Belief, sums: Array) -> Array:
+    """float32 [B,2]: (sums + f n₀ α₀) / (n + f n₀), a discounted mean of the observed
+    values whose sums are given (S or Q) beside the prior's n₀ positions at α₀ (α₀ once
+    nothing is left of either)."""
     prior = jnp.asarray(self.prior, jnp.float32)
     weight = self.weight(belief)
-    total = belief.beta_sum + belief.prior * self.prior_weight * prior
+    total = sums + belief.prior * self.prior_weight * prior
     return jnp.where(weight > 1e-12, total / jnp.maximum(weight, 1e-12), prior)
+
+  def mean(self, belief: Belief) -> Array:
+    """float32 [B,2]: α̂ = (S + f n₀ α₀) / (n + f n₀) (α₀ once nothing is left of either)."""
+    return self.with_prior(belief, belief.beta_sum)
 
   def variance(self, belief: Belief) -> Array:
     """float32 [B,2]: σ̂² = (Q + f n₀ α₀) / (n + f n₀) - α̂², the spread of β about the
     mean (α̂(1 - α̂) at T = 0, where Q = S; α₀(1 - α₀) before any evidence); α̂(1 - α̂)
     itself where not observed_spread."""
-    if not self.observed_spread:
-      mean = self.mean(belief)
-      return jnp.clip(mean * (1.0 - mean), 0.0)
-    prior = jnp.asarray(self.prior, jnp.float32)
-    weight = self.weight(belief)
-    second = belief.square_sum + belief.prior * self.prior_weight * prior
-    second = jnp.where(weight > 1e-12, second / jnp.maximum(weight, 1e-12), prior)
-    return jnp.clip(second - self.mean(belief) ** 2, 0.0)
+    mean = self.mean(belief)
+    second = self.with_prior(belief, belief.square_sum) if self.observed_spread else mean
+    return jnp.clip(second - mean ** 2, 0.0)
 
   def bound(self, belief: Belief) -> Array:
     """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(σ̂² / (m + f n₀)))."""
