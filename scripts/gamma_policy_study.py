@@ -191,9 +191,8 @@ def main(argv):
               costs=dict(step_costs=list(table.step_costs or ()),
                          lookup_step_costs=list(table.lookup_step_costs or ())))
   if sampled:
-    alphas = np.asarray([t.beta.mean() for t in traces])
-    meta.update(replicates=_REPLICATES.value, traces=trace_rows, beta_spread=float(
-        np.mean([t.beta.var() for t in traces]) / np.mean(alphas * (1 - alphas))))
+    meta.update(replicates=_REPLICATES.value, traces=trace_rows,
+                beta_spread=gamma_replay.pooled_spread(traces))
     print(f"spread of beta over positions / Bernoulli draws of the same mean, over the set: "
           f"{meta['beta_spread']:.2f}")
   if _MEASURED.value:

@@ -228,8 +228,15 @@ class SampledTrace:
   def spread(self) -> float:
     """The variance of β over the positions divided by α(1 - α), that of Bernoulli draws
     of the same mean α (1 at T = 0, where every β is 0 or 1)."""
-    alpha = float(self.beta.mean())
-    return float(self.beta.var() / max(alpha * (1.0 - alpha), 1e-12))
+    return pooled_spread([self])
+
+
+def pooled_spread(traces: list[SampledTrace]) -> float:
+  """The mean over traces of the variance of β over each one's positions, divided by the
+  mean of α(1 - α) (`SampledTrace.spread` for one trace)."""
+  alphas = np.asarray([t.beta.mean() for t in traces])
+  return float(np.mean([t.beta.var() for t in traces])
+               / max(float(np.mean(alphas * (1.0 - alphas))), 1e-12))
 
 
 def sampled_trace(target: Model, draft: Model, prompt, *, spec: DecodeSpec, seed: int = 0
@@ -255,7 +262,11 @@ def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
   gmax = len(s) - 1
   both = jnp.asarray(np.stack([s, s]), jnp.float32)
   rows = len(traces) * replicates
-  pools = [traces[i // replicates].beta for i in range(rows)]
+  lengths = np.repeat([t.beta.size for t in traces], replicates)  # [rows]
+  pools = np.zeros((len(traces), lengths.max()))
+  for i, t in enumerate(traces):
+    pools[i, :t.beta.size] = t.beta
+  pools = np.repeat(pools, replicates, axis=0)  # [rows, K_max]
   rng = np.random.default_rng(seed)
   at = rng.integers(0, 1 << 20, rows)  # each replicate starts at its own place
   source = jnp.full((rows,), adaptive.DRAFT, jnp.int32)
@@ -271,11 +282,10 @@ def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
     gamma = np.full(rows, rule.fixed) if rule.fixed is not None else np.clip(
         np.asarray(choose(state)), 0, gmax)
     gamma = np.where(live, gamma, 0)
-    beta = np.zeros((rows, gmax), np.float32)
-    for row in np.flatnonzero(gamma):
-      pool = pools[row]
-      beta[row, :gamma[row]] = pool[(at[row] + np.arange(gamma[row])) % len(pool)]
-    accept = (rng.random((rows, gmax)) < beta) & (np.arange(gmax)[None] < gamma[:, None])
+    drafted = np.arange(gmax)[None] < gamma[:, None]  # [rows, G]
+    read = np.take_along_axis(pools, (at[:, None] + np.arange(gmax)) % lengths[:, None], 1)
+    beta = np.where(drafted, read, 0.0).astype(np.float32)
+    accept = (rng.random((rows, gmax)) < beta) & drafted
     accepted = np.cumprod(accept, axis=1).sum(axis=1)
     at += np.minimum(accepted + 1, gamma)
     tokens += np.where(live, accepted + 1, 0)
