@@ -49,8 +49,9 @@ def cost_key(target_config, draft_config, *, batch: int, context: int = MEASURE_
     # in a run's own compiled loop, v(k) and c no longer timed; 7: STEPS_PER_CALL steps per
     # timed call; 8: γ = 0 steps skip the draft, timed over PLAIN_STEPS_PER_CALL; 9: the
     # CPU's few-row products behind barriers, `models.matmul`, which changed every call of
-    # 2 to 4 tokens), so older tables re-measure
-    key.update(sampling=repr(sampling), verifier=str(verifier), steps=9)
+    # 2 to 4 tokens; 10: those products up to 8 rows, which changed every call of 5 to 8
+    # tokens), so older tables re-measure
+    key.update(sampling=repr(sampling), verifier=str(verifier), steps=10)
   return key
 
 

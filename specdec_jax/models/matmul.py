@@ -15,16 +15,17 @@ Array = jax.Array
 
 # XLA:CPU computes w_t @ x^T for one row as a matrix-vector product that streams w_t once,
 # but for a few rows as a general matrix product that costs more (a verify call, a two-token
-# draft call; measured: docs/design.md#verify-cost). For 2..SKINNY_ROWS rows of float32, a
-# program lowered for the CPU (`lax.platform_dependent`; a TPU or GPU program keeps the dot)
-# writes the product as a broadcast multiply and a sum over I instead, which XLA fuses into
-# one pass over w_t; past 4 rows that fusion is not reliably faster
-# (docs/background.md#cpu).
+# draft call, a draft's catch-up call; measured: docs/design.md#verify-cost). For
+# 2..SKINNY_ROWS rows of float32, a program lowered for the CPU (`lax.platform_dependent`; a
+# TPU or GPU program keeps the dot) writes the product as a broadcast multiply and a sum over
+# I instead, which XLA fuses into one pass over w_t. Up to 8 rows (a chain of γ <= 7, the
+# catch-up width) that fusion is the faster of the two on the models we decode; past 8 it
+# is not reliably faster (docs/background.md#cpu).
 # The rows enter each product through an optimization barrier of their own, taken with
 # w_t: where one x feeds several products (q, k and v; gate and up), XLA would otherwise
 # fuse x's producer into one broadcast of x to [R,O,I] that it writes out for them all,
 # a pass over R·O·I floats per product instead of over w_t (docs/background.md#cpu).
-SKINNY_ROWS = 4
+SKINNY_ROWS = 8
 _skinny = [True]
 
 
