@@ -19,8 +19,8 @@ Array = jax.Array
 # 2..SKINNY_ROWS rows of float32, a program lowered for the CPU (`lax.platform_dependent`; a
 # TPU or GPU program keeps the dot) writes the product as a broadcast multiply and a sum over
 # I instead, which XLA fuses into one pass over w_t. Up to 8 rows (a chain of γ <= 7, the
-# catch-up width) that fusion is the faster of the two on the models we decode; past 8 it
-# is not reliably faster (docs/background.md#cpu).
+# catch-up width) that fusion was the faster of the two on the models we decode (an AVX-512
+# CPU); past 8 it is not reliably faster (docs/background.md#cpu).
 # The rows enter each product through an optimization barrier of their own, taken with
 # w_t: where one x feeds several products (q, k and v; gate and up), XLA would otherwise
 # fuse x's producer into one broadcast of x to [R,O,I] that it writes out for them all,
