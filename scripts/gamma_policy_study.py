@@ -30,6 +30,9 @@ speedup over autoregressive decoding per prompt. Rules:
   default-prior the default rule's prior (where config.gamma_prior sets another)
   probe-k       the config's rule, but a probe (a step the mean alone would not draft)
                 proposes at most k drafts (`SmallProbeRule`, a γ rule defined in this file)
+  catch-up-aware  the config's rule choosing on each step's true costs: s(γ >= 1) plus the
+                catch-up calls an independent draft owes for the tokens it skipped
+                (only for such a draft)
   fixed-γ       every step proposes γ (γ = 1..G), at the source's step costs
   oracle        each step the γ of the most tokens per cost given its true depth (a bound)
 At T > 0 (config.temperature) no replay is exact: one decode per prompt at fixed γ = G
@@ -40,6 +43,9 @@ are left out, and the spread of β over positions against Bernoulli draws of the
 is reported.
 --measured: a held-out benchmark JSON (scripts/benchmark.py) of the same config whose
 per-prompt speedups the 'auto' replay is set beside (correlation, mean ratio).
+Every replay counts an independent draft's catch-up: the calls that feed the tokens it
+skipped before it drafts again, at their measured cost (`studies.catch_up_cost`,
+`gamma_replay.CatchUp`), which the cost table's s(γ) leaves out.
 The JSON holds the machine stamp, the cost table, and per rule the geometric mean with
 its 95% interval, per domain, the prompts below 0.95x and 0.97x and every prompt's figure.
 One greedy decode per prompt, plus the cost table if it is not cached yet.
@@ -57,7 +63,7 @@ from ml_collections import config_flags
 
 from specdec_jax.gamma import adaptive, cost_cache, gamma_replay, machine_costs
 
-from specdec_jax.bench import prompt_sets
+from specdec_jax.bench import prompt_sets, studies
 from specdec_jax.config_proposer import config_rule
 from specdec_jax.decoding.spec import DecodeSpec, FixedGamma
 from specdec_jax.io.atomic import atomic_write_json
@@ -97,10 +103,12 @@ class SmallProbeRule(adaptive.BeliefRule):
 
 
 def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE,
-          sampled: bool = False) -> dict[str, tuple[gamma_replay.Rule, bool]]:
+          sampled: bool = False, catch_up: bool = False
+          ) -> dict[str, tuple[gamma_replay.Rule, bool]]:
   """name -> (rule, lookup steps at their own costs); base: the config's gamma 'auto' rule
   (`config_proposer.config_rule`), which every variant changes in one respect. sampled:
-  the rules `gamma_replay.replay_sampled` runs (no 'one-estimate', no 'oracle')."""
+  the rules `gamma_replay.replay_sampled` runs (no 'one-estimate', no 'oracle', no
+  'catch-up-aware'); catch_up: the draft defers its catch-up ('catch-up-aware' runs)."""
   fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
   out = {"auto": (gamma_replay.Rule(base), True),
          "one-estimate": (gamma_replay.Rule(base, by_source=False), False),
@@ -113,6 +121,8 @@ def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE,
                              True),
          "probe-1": (gamma_replay.Rule(SmallProbeRule(**fields, probe=1)), True),
          "probe-2": (gamma_replay.Rule(SmallProbeRule(**fields, probe=2)), True)}
+  if catch_up and not sampled:
+    out["catch-up-aware"] = (gamma_replay.Rule(base, catch_up_aware=True), True)
   if base != adaptive.DEFAULT_RULE:
     out["default-prior"] = (gamma_replay.Rule(), True)
   for g in range(1, gamma_max + 1):
@@ -143,6 +153,11 @@ def main(argv):
   costs = table.loop_costs(gamma_max)
   prompts = prompt_sets.encode(pair.tokenizer, records)
   max_new = int(config.max_new_tokens)
+  catch_up = studies.catch_up_cost(
+      pair.target_params, pair.target_config, pair.draft_params, pair.draft_config, batch=1,
+      context=int(np.mean([len(p) for p in prompts])) + max_new // 2)
+  if catch_up is not None:
+    print(f"catch-up: {catch_up.width} tokens a call, {catch_up.cost:.3f} plain steps")
   traces, trace_rows = [], []
   spec = DecodeSpec(max_new, FixedGamma(gamma_max), sampling=pair.sampling,
                     verifier=pair.verifier, vocab_size=pair.vocab_size) if sampled else None
@@ -164,13 +179,16 @@ def main(argv):
     traces.append(trace)
   domains = [r.domain for r in records]
   rows = []
-  for name, (rule, own_lookup_costs) in rules(gamma_max, config_rule(config), sampled).items():
+  for name, (rule, own_lookup_costs) in rules(gamma_max, config_rule(config), sampled,
+                                              catch_up is not None).items():
     rule_costs = costs if own_lookup_costs else np.stack([costs[0], costs[0]])
     if sampled:
       runs = gamma_replay.replay_sampled(traces, rule, rule_costs, max_new_tokens=max_new,
-                                         replicates=_REPLICATES.value, seed=int(config.seed))
+                                         replicates=_REPLICATES.value, seed=int(config.seed),
+                                         catch_up=catch_up)
     else:
-      runs = [gamma_replay.replay(t, rule, rule_costs, max_new) for t in traces]
+      runs = [gamma_replay.replay(t, rule, rule_costs, max_new, catch_up=catch_up)
+              for t in traces]
     speedups = [r["speedup"] for r in runs]
     summary = prompt_sets.domain_summary(domains, speedup=speedups)
     overall = summary[-1]
@@ -180,6 +198,8 @@ def main(argv):
                      lowest=float(min(speedups)), domains=summary,
                      prompts=[dict(id=r.id, domain=r.domain, speedup=s)
                               for r, s in zip(records, speedups)]))
+    if catch_up is not None and not sampled:  # plain steps of catch-up calls per prompt
+      rows[-1]["catch_up_per_prompt"] = float(np.mean([r["catch_up"] for r in runs]))
     if sampled:
       rows[-1]["drafting_steps"] = float(np.mean([r["drafting_steps"] for r in runs]))
     print(f"{name:13s} {overall['speedup']:.3f} [{overall['speedup_lo']:.3f}, "
@@ -189,7 +209,8 @@ def main(argv):
   meta = dict(config=config.to_dict(), gamma_max=gamma_max, max_new_tokens=max_new,
               temperature=float(config.temperature),
               costs=dict(step_costs=list(table.step_costs or ()),
-                         lookup_step_costs=list(table.lookup_step_costs or ())))
+                         lookup_step_costs=list(table.lookup_step_costs or ())),
+              catch_up=None if catch_up is None else dataclasses.asdict(catch_up))
   if sampled:
     meta.update(replicates=_REPLICATES.value, traces=trace_rows,
                 beta_spread=gamma_replay.pooled_spread(traces))

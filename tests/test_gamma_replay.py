@@ -1,6 +1,7 @@
 """Offline replay of γ rules (`gamma_replay`): the greedy trace agrees with the decode
 loop's own accepted counts, and the replay's arithmetic on hand-made traces."""
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 import jax
+import jax.numpy as jnp
 
 from helpers import GREEDY, noise_params, speculative, tiny_config, tiny_model
 from specdec_jax.drafts.hybrid import HybridDraft
@@ -81,6 +83,58 @@ def test_replay_arithmetic():
   assert got["gammas"] == {2: 1, 1: 1, 0: 2} and got["tokens"] == 7
   with pytest.raises(ValueError, match="costs cover gamma up to 4"):
     gamma_replay.replay(trace, gamma_replay.Rule(), np.ones((2, 5)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftsAfter:
+  """A γ rule for the test: γ = 2 from the row's `wait`-th step on, where s(2) < 2 plain
+  steps in the costs it is shown, else 0 (its state counts the row's steps)."""
+
+  wait: int = 9
+
+  def init(self, batch):
+    return jnp.zeros((batch,), jnp.int32)
+
+  def choose(self, state, costs, source):
+    return jnp.where((state >= self.wait) & (jnp.asarray(costs)[source, 2] < 2.0), 2, 0)
+
+  def observe(self, state, **step):
+    return state + 1
+
+  def call_widths(self, gamma_max):
+    return tuple(range(1, gamma_max + 2))
+
+
+def test_catch_up_is_charged_when_the_draft_resumes():
+  """An independent draft skipped for b tokens feeds them in ceil(b / W) calls before it
+  next drafts: the replay adds their cost to that step, and a catch-up-aware rule is shown
+  it. A fixed γ never skips, so it owes nothing (the negative control)."""
+  hit = np.zeros((12, 2), bool)
+  hit[9:] = True  # from the last three starts both drafts hit
+  trace = gamma_replay.GreedyTrace(hit=hit, lookup=np.zeros(12, bool))
+  catch_up = gamma_replay.CatchUp(width=4, cost=0.5)
+  assert [catch_up.owed(b) for b in (0, 1, 4, 5, 9)] == [0.0, 0.5, 0.5, 1.0, 1.5]
+  costs = np.asarray([[1.0, 1.4, 1.6]] * 2)
+  fixed = gamma_replay.replay(trace, gamma_replay.Rule(fixed=2), costs, catch_up=catch_up)
+  assert fixed["catch_up"] == 0.0
+  assert fixed["cost"] == gamma_replay.replay(trace, gamma_replay.Rule(fixed=2), costs)["cost"]
+  # 9 plain steps, then γ = 2 after 9 skipped tokens: ceil(9 / 4) = 3 calls of 0.5
+  rule = gamma_replay.Rule(DraftsAfter())
+  uncounted = gamma_replay.replay(trace, rule, costs)
+  counted = gamma_replay.replay(trace, rule, costs, catch_up=catch_up)
+  assert uncounted["sequence"] == counted["sequence"] == [0] * 9 + [2]
+  assert uncounted["cost"] == pytest.approx(9 * 1.0 + 1.6)
+  assert counted["catch_up"] == 1.5
+  assert counted["cost"] == pytest.approx(9 * 1.0 + 1.6 + 1.5)
+  # shown s(2) + 1.5 = 3.1, the aware rule stays plain; so does the oracle, which knows
+  # the true costs (3 tokens for 3.1 against 1 for 1.0)
+  aware = gamma_replay.replay(trace, dataclasses.replace(rule, catch_up_aware=True), costs,
+                              catch_up=catch_up)
+  assert aware["sequence"] == [0] * 12 and aware["catch_up"] == 0.0
+  oracle = gamma_replay.replay(trace, gamma_replay.Rule(oracle=True), costs, catch_up=catch_up)
+  assert oracle["sequence"] == [0] * 12
+  assert gamma_replay.replay(trace, gamma_replay.Rule(oracle=True), costs)["sequence"] == (
+      [0] * 9 + [2])
 
 
 def test_lookup_rows_use_their_own_costs_and_estimate():

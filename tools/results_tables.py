@@ -516,6 +516,14 @@ def gamma_rules_table(doc: dict) -> list[str]:
               + " / ".join(num(x, ".2f") for x in costs.get("step_costs", []))
               + ("; lookup steps " + " / ".join(num(x, ".2f") for x in lookup) if lookup else "")
               + "."]
+  catch_up = meta.get("catch_up")
+  if catch_up:
+    owed = [r.get("catch_up_per_prompt") for r in rows if r["rule"] == "auto"]
+    lines += ["", f"Catch-up: the draft feeds the tokens it skipped in calls of "
+              f"{catch_up['width']} tokens, each {num(catch_up['cost'], '.3f')} plain steps, "
+              "charged to the step on which it drafts again"
+              + (f" ({num(owed[0], '.2f')} plain steps per prompt under 'auto')"
+                 if owed and owed[0] is not None else "") + "."]
   measured = meta.get("measured")
   if measured:
     lines += ["", f"Against the measured per-prompt speedups of `{measured.get('file')}`: "

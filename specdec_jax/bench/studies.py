@@ -24,11 +24,14 @@ import jax.numpy as jnp
 
 from specdec_jax.bench import timing
 from specdec_jax.gamma import adaptive
+from specdec_jax.gamma.gamma_replay import CatchUp
 from specdec_jax.models.matmul import dot_products_only
 from specdec_jax.models.model import ModelConfig, forward, init_cache
 from specdec_jax.models.sampling import SamplingConfig
 from specdec_jax.decoding.loop import autoregressive_generate, speculative_generate
 from specdec_jax.decoding.spec import DecodeSpec
+from specdec_jax.drafts.hybrid import HybridDraft
+from specdec_jax.drafts.independent import IndependentDraft
 from specdec_jax.drafts.registry import as_draft
 from specdec_jax.models.model import Model
 
@@ -156,6 +159,26 @@ def cost_coefficient(target_params, target_config: ModelConfig, draft_params,
                                  context=context), draft=draft)
   seconds, _ = timing.interleaved_seconds(fns, repeats, warmup=True)
   return seconds["draft"] / seconds["target"]
+
+
+def catch_up_cost(target_params, target_config: ModelConfig, draft_params, draft_config, *,
+                  batch: int, context: int, repeats: int = 20):
+  """The deferred catch-up of a draft that feeds the tokens it skipped when it next drafts
+  (an independent draft, or a hybrid over one): `gamma_replay.CatchUp` with W = its
+  `skip_lag` and one cache-only call of the draft over W tokens in target-call times (one
+  token), the two calls timed in turn. None for every other draft (a feature draft
+  catches up while it is skipped, within s(0))."""
+  draft = as_draft(draft_config)
+  inner = draft.inner if isinstance(draft, HybridDraft) else draft
+  if not isinstance(inner, IndependentDraft):
+    return None
+  width = inner.skip_lag
+  fns = dict(target=forward_call(target_params, target_config, batch=batch, tokens=1,
+                                 context=context),
+             catch_up=forward_call(draft_params, inner.model_config, batch=batch,
+                                   tokens=width, context=context, return_logits=False))
+  seconds, _ = timing.interleaved_seconds(fns, repeats, warmup=True)
+  return CatchUp(width=width, cost=seconds["catch_up"] / seconds["target"])
 
 
 @dataclasses.dataclass

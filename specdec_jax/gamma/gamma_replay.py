@@ -39,9 +39,13 @@ move on. Tokens per plain-step cost is the rule's predicted speedup over autoreg
 decoding on that prompt. The choice and the bookkeeping of each step are the decode
 loop's own functions (the rule's `init`, `choose` and `observe`, `adaptive.GammaRule`;
 held to 0..G as `AutoGamma.choose` holds them). The measured s(0) includes the
-catch-up calls a draft makes while it is skipped; its catch-up on resuming to draft is
-not counted. How closely the replay predicts measured
-speedups is in docs/results.md#gamma-rules.
+catch-up calls a draft makes while it is skipped (a feature draft's, every L skipped
+tokens). An independent draft instead feeds all the tokens it skipped when it next drafts
+(`IndependentDraft.catch_up`, W tokens a call): given `CatchUp` (W and one call's measured
+cost), the replay charges a step that drafts after b skipped tokens ceil(b / W) such calls
+on top of s(γ); without it that catch-up is not counted. A `Rule` with catch_up_aware
+also chooses on those costs (the catch-up the row owes added to every s(γ >= 1)). How
+closely the replay predicts measured speedups is in docs/results.md#gamma-rules.
 """
 
 from __future__ import annotations
@@ -86,13 +90,31 @@ class Rule:
   fixed: always this γ (a fixed-γ run); oracle: the γ of the best tokens/cost knowing the
   step's depth (a bound, not a rule); otherwise gamma='auto' under `gamma_rule` (any
   `adaptive.GammaRule`, the decode loop's default unless named), told each step's source
-  when by_source (else always DRAFT: one estimate for both sources).
+  when by_source (else always DRAFT: one estimate for both sources); catch_up_aware: the
+  rule sees each s(γ >= 1) with the catch-up the row owes added (`CatchUp`), as that step
+  would cost.
   """
 
   gamma_rule: adaptive.GammaRule = adaptive.DEFAULT_RULE
   by_source: bool = True
   fixed: int | None = None
   oracle: bool = False
+  catch_up_aware: bool = False  # choose on s(γ) plus the catch-up the row owes (`CatchUp`)
+
+
+@dataclasses.dataclass(frozen=True)
+class CatchUp:
+  """What a draft that falls behind on γ = 0 steps pays when it next drafts (an independent
+  draft, module docstring): width W tokens fed per catch-up call, cost one call's time in
+  plain steps (measured: `studies.call_seconds` of the draft over W tokens, cache only,
+  over the target's one-token call)."""
+
+  width: int
+  cost: float
+
+  def owed(self, behind: int) -> float:
+    """Plain steps of the calls that feed `behind` skipped tokens: ceil(behind / W) calls."""
+    return -(-int(behind) // self.width) * self.cost
 
 
 def greedy_trace(target_params, target_config, draft_params, draft_config, prompt, *,
@@ -177,12 +199,14 @@ _unrolled = jax.jit(unrolled_feature_logits, static_argnames=("config", "depth",
 
 
 def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
-           max_new_tokens: int | None = None) -> dict:
+           max_new_tokens: int | None = None, catch_up: CatchUp | None = None) -> dict:
   """One prompt under one rule -> dict(speedup (tokens per plain-step cost), tokens,
-  cost, steps, gammas {γ: steps}, sequence [γ of each step, in order]).
+  cost, steps, gammas {γ: steps}, sequence [γ of each step, in order], catch_up (plain
+  steps of catch-up calls within cost)).
 
   costs float [2,G'+1]: s_src(0..G') (`adaptive.CostTable.loop_costs`); G' <= G of the
   trace. max_new_tokens: stop once this many are emitted (default: the trace's N).
+  catch_up: the draft's deferred catch-up (module docstring); None: not counted.
   """
   costs = np.asarray(costs, np.float64)
   gmax = costs.shape[1] - 1
@@ -192,17 +216,19 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
   n_max = len(trace.lookup) if max_new_tokens is None else max_new_tokens
   depth = trace.depth
   rule_state = rule.gamma_rule.init(1)
-  at, tokens, cost, sequence = 0, 0, 0.0, []
+  at, tokens, cost, owed_total, behind, sequence = 0, 0, 0.0, 0.0, 0, []
   while tokens < n_max and at < len(depth):
     source = adaptive.LOOKUP if trace.lookup[at] else adaptive.DRAFT
     column = jnp.asarray([source if rule.by_source else adaptive.DRAFT])
-    s = costs[source]
+    owed = 0.0 if catch_up is None else catch_up.owed(behind)
+    s = costs[source] + owed * (np.arange(gmax + 1) > 0)  # what each γ costs this step
+    seen = s if rule.catch_up_aware else costs[source]
     if rule.fixed is not None:
       gamma = rule.fixed
     elif rule.oracle:
       gamma = int(np.argmax((np.minimum(depth[at], np.arange(gmax + 1)) + 1) / s))
     else:  # the decode loop's own rule, on this step's source costs
-      both = jnp.asarray(np.stack([s, s]), jnp.float32)
+      both = jnp.asarray(np.stack([seen, seen]), jnp.float32)
       gamma = min(max(int(rule.gamma_rule.choose(rule_state, both, column)[0]), 0), gmax)
     accepted = min(int(depth[at]), gamma)
     rule_state = rule.gamma_rule.observe(  # the decode loop's own bookkeeping
@@ -212,9 +238,12 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
     sequence.append(gamma)
     tokens += accepted + 1
     cost += s[gamma]
+    owed_total += owed if gamma > 0 else 0.0
+    behind = 0 if gamma > 0 else behind + 1  # a γ = 0 step skips the draft (batch 1)
     at += accepted + 1
   return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=len(sequence),
-              gammas=dict(collections.Counter(sequence)), sequence=sequence)
+              gammas=dict(collections.Counter(sequence)), sequence=sequence,
+              catch_up=owed_total)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,17 +276,21 @@ def sampled_trace(target: Model, draft: Model, prompt, *, spec: DecodeSpec, seed
 
 
 def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
-                   max_new_tokens: int, replicates: int, seed: int = 0) -> list[dict]:
+                   max_new_tokens: int, replicates: int, seed: int = 0,
+                   catch_up: CatchUp | None = None) -> list[dict]:
   """Each trace under one rule, `replicates` times (module docstring) -> per trace
   dict(speedup (the geometric mean over replicates of tokens per plain-step cost), steps
   and drafting steps (means over replicates)).
 
   costs float [2,G+1]: s_src(0..G); the draft's row is taken for every step. The rule's
   own `init`, `choose` and `observe` run on all traces × replicates as rows of one batch
-  (each row's choice depends on its own past only). rule.oracle is not defined here.
+  (each row's choice depends on its own past only). rule.oracle and rule.catch_up_aware
+  are not defined here. catch_up: counted as in `replay` (None: not counted).
   """
   if rule.oracle:
     raise ValueError("replay_sampled has no oracle: a step's outcome is drawn, not known")
+  if rule.catch_up_aware:
+    raise ValueError("replay_sampled chooses on the table's costs: no catch_up_aware rule")
   s = np.asarray(costs, np.float64)[adaptive.DRAFT]
   gmax = len(s) - 1
   both = jnp.asarray(np.stack([s, s]), jnp.float32)
@@ -277,6 +310,7 @@ def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
   state = gamma_rule.init(rows)
   tokens, cost = np.zeros(rows, np.int64), np.zeros(rows)
   steps, drafting = np.zeros(rows, np.int64), np.zeros(rows, np.int64)
+  behind = np.zeros(rows, np.int64)  # tokens each row's draft skipped (`CatchUp`)
   while (tokens < max_new_tokens).any():
     live = tokens < max_new_tokens
     gamma = np.full(rows, rule.fixed) if rule.fixed is not None else np.clip(
@@ -290,6 +324,10 @@ def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
     at += np.minimum(accepted + 1, gamma)
     tokens += np.where(live, accepted + 1, 0)
     cost += np.where(live, s[gamma], 0.0)
+    if catch_up is not None:
+      owed = -(-behind // catch_up.width) * catch_up.cost
+      cost += np.where(live & (gamma > 0), owed, 0.0)
+      behind = np.where(gamma > 0, 0, behind + 1)
     steps += live
     drafting += live & (gamma > 0)
     if rule.fixed is None:
