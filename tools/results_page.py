@@ -237,9 +237,14 @@ SECTIONS = (
             "prompts, 48 new tokens each, under this machine's measured step costs at T = 0. "
             "'auto' is the rule under the "
             "pair's prior (`gamma_prior` 0.8 for the draft), 'default-prior' the same rule "
-            "under the default prior of 0.5.",
+            "under the default prior of 0.5. The independent draft feeds the tokens it "
+            "skipped when it next drafts: every replay charges those catch-up calls at their "
+            "measured cost, and 'catch-up-aware' is the rule shown them as part of the "
+            "step's cost.",
             ("scripts/gamma_policy_study.py", "--config=configs/heldout_qwen25_coder.py",
-             f"--out={RESULTS_DIR}/gamma_rules_qwen25_coder.json"), needs_draft=False),
+             f"--out={RESULTS_DIR}/gamma_rules_qwen25_coder.json",
+             f"--measured={RESULTS_DIR}/heldout_qwen25_coder_t0_gammas.json"),
+            needs_draft=False),
     benchmark("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
               "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
               "The draft copies what followed the last match of up to 3 trailing tokens; its "
