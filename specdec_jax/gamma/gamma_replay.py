@@ -106,8 +106,8 @@ class Rule:
 class CatchUp:
   """What a draft that falls behind on γ = 0 steps pays when it next drafts (an independent
   draft, module docstring): width W tokens fed per catch-up call, cost one call's time in
-  plain steps (measured: `studies.call_seconds` of the draft over W tokens, cache only,
-  over the target's one-token call)."""
+  plain steps (`studies.catch_up_cost`: the draft's cache-only call over W tokens over
+  the target's one-token call)."""
 
   width: int
   cost: float
