@@ -112,9 +112,10 @@ class CatchUp:
   width: int
   cost: float
 
-  def owed(self, behind: int) -> float:
-    """Plain steps of the calls that feed `behind` skipped tokens: ceil(behind / W) calls."""
-    return -(-int(behind) // self.width) * self.cost
+  def owed(self, behind):
+    """Plain steps of the calls that feed `behind` skipped tokens (an int, or int [rows]):
+    ceil(behind / W) calls each."""
+    return -(-np.asarray(behind) // self.width) * self.cost
 
 
 def greedy_trace(target_params, target_config, draft_params, draft_config, prompt, *,
@@ -238,7 +239,7 @@ def replay(trace: GreedyTrace, rule: Rule, costs: np.ndarray,
     sequence.append(gamma)
     tokens += accepted + 1
     cost += s[gamma]
-    owed_total += owed if gamma > 0 else 0.0
+    owed_total += float(owed) if gamma > 0 else 0.0
     behind = 0 if gamma > 0 else behind + 1  # a γ = 0 step skips the draft (batch 1)
     at += accepted + 1
   return dict(speedup=tokens / cost, tokens=tokens, cost=cost, steps=len(sequence),
@@ -325,8 +326,7 @@ def replay_sampled(traces: list[SampledTrace], rule: Rule, costs: np.ndarray, *,
     tokens += np.where(live, accepted + 1, 0)
     cost += np.where(live, s[gamma], 0.0)
     if catch_up is not None:
-      owed = -(-behind // catch_up.width) * catch_up.cost
-      cost += np.where(live & (gamma > 0), owed, 0.0)
+      cost += np.where(live & (gamma > 0), catch_up.owed(behind), 0.0)
       behind = np.where(gamma > 0, 0, behind + 1)
     steps += live
     drafting += live & (gamma > 0)
