@@ -18,6 +18,10 @@ speedup over autoregressive decoding per prompt. Rules:
                 in one respect each
   one-estimate  one belief for both sources, every drafting step at the feature draft's
                 full step costs
+  fixed-memory  the mean's discount KEEP at every spread of β (noise_memory off): no
+                shorter memory where β vary less than 0/1 draws (T > 0)
+  short-memory  the mean over about the last 10 positions at every spread (keep 0.9,
+                noise_memory off)
   no-optimism   the belief's mean alone (OPTIMISM = 0): a row below the threshold never
                 drafts again
   no-forgetting evidence never fades (FORGET = 1): a row probes again only while its
@@ -112,6 +116,10 @@ def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE,
   fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
   out = {"auto": (gamma_replay.Rule(base), True),
          "one-estimate": (gamma_replay.Rule(base, by_source=False), False),
+         "fixed-memory": (gamma_replay.Rule(dataclasses.replace(base, noise_memory=False)),
+                          True),
+         "short-memory": (gamma_replay.Rule(dataclasses.replace(base, keep=0.9,
+                                                                noise_memory=False)), True),
          "no-optimism": (gamma_replay.Rule(dataclasses.replace(base, optimism=0.0)), True),
          "no-forgetting": (gamma_replay.Rule(dataclasses.replace(base, forget=1.0)), True),
          "short-width": (gamma_replay.Rule(dataclasses.replace(base, evidence_keep=base.keep)),

@@ -650,7 +650,8 @@ def test_fresh_rows_draft_and_rejected_rows_stop_then_probe_again():
 
 def test_rows_near_the_threshold_stop_once_their_evidence_builds():
   """The bound's width stands on evidence discounted by EVIDENCE_KEEP (about the last 50
-  positions), not on the mean's count (about the last 10): under this table no γ pays
+  positions), not on the mean's count (about the last 10 here: keep = 0.9, the mean's
+  memory fixed): under this table no γ pays
   below α ≈ 0.62, and a row whose every position has β = 0.5 probes while its evidence is
   thin, then stops, probing again only now and then as its evidence fades (FORGET). The
   negative control takes the width from the mean's own count (evidence_keep = keep): that
@@ -676,7 +677,8 @@ def test_rows_near_the_threshold_stop_once_their_evidence_builds():
                        accepted=np.minimum(np.asarray(chosen), 2), beta=beta)
     return np.asarray(history), belief  # [steps, 2]
 
-  rule = adaptive.BeliefRule(observed_spread=False)
+  # the mean over the last 10 positions whatever the spread (keep 0.9, noise_memory off)
+  rule = adaptive.BeliefRule(observed_spread=False, keep=0.9, noise_memory=False)
   history, belief = run(rule)
   stop = int(np.argmax(history[:, 0] == 0))
   assert 0 < stop <= 15  # it stops
@@ -730,10 +732,41 @@ def test_bound_width_from_the_observed_spread():
   b, belief_b = run(bernoulli, lambda n: close)
   mean = np.asarray(adaptive.DEFAULT_RULE.mean(belief_a))[:, 0]
   assert (np.asarray(adaptive.DEFAULT_RULE.variance(belief_a))[:, 0]
-          < 0.3 * mean * (1 - mean)).all()
+          < 0.35 * mean * (1 - mean)).all()
   drafted, drafted_bernoulli = (a > 0).sum(), (b > 0).sum()
   assert 0 < drafted < 0.6 * drafted_bernoulli
   assert (a[-30:] > 0).mean() <= 0.1  # it has stopped, bar a probe now and then
+
+
+def test_mean_memory_from_the_observed_spread():
+  """The mean's discount k = 1 - MEMORY_GAIN / sqrt(ρ), ρ the observed spread of β against
+  Bernoulli draws of its mean (docs/background.md#gamma). At T = 0 (β 0 or 1) ρ = 1 and k
+  is KEEP, about the last 20 positions. Where β hardly varies (T > 0), ρ is small and the
+  mean follows a change of level faster: after 30 positions at β near 0.8 and then 8 near
+  0.4, it has moved further towards 0.4 than under a memory fixed at KEEP (the negative
+  control, noise_memory=False)."""
+  rng = np.random.default_rng(0)
+  coins = (rng.random((40, 1)) < 0.7).astype(np.float32)
+  belief = adaptive.initial_belief(1)
+  for beta in coins:
+    belief = observe(belief, chosen=[1], accepted=[int(beta[0])], beta=[beta])
+  np.testing.assert_allclose(adaptive.DEFAULT_RULE.mean_keep(belief)[0, 0], adaptive.KEEP,
+                             rtol=1e-5)
+  levels = np.concatenate([rng.uniform(0.75, 0.85, 30), rng.uniform(0.35, 0.45, 8)])
+  fixed = adaptive.BeliefRule(noise_memory=False)
+  means = {}
+  for rule in (adaptive.DEFAULT_RULE, fixed):
+    belief = adaptive.initial_belief(1)
+    for beta in levels:
+      belief = observe(belief, rule, chosen=[1], accepted=[0], beta=[[beta]])
+    means[rule.noise_memory] = float(rule.mean(belief)[0, 0])
+    if rule.noise_memory:
+      keep = float(rule.mean_keep(belief)[0, 0])
+      assert keep == pytest.approx(1 - (1 - adaptive.KEEP) / np.sqrt(adaptive.MIN_SPREAD))
+    else:
+      assert float(rule.mean_keep(belief)[0, 0]) == pytest.approx(adaptive.KEEP)
+  assert means[True] < means[False] - 0.04
+  assert 0.4 < means[True] < 0.65
 
 
 def test_a_probe_that_cannot_pay_is_not_taken():
@@ -767,7 +800,7 @@ def test_gamma_per_source():
   got = observe(belief, chosen=[1, 2], accepted=[0, 1], beta=[[1.0, 1.0], [0.0, 1.0]],
                 source=[adaptive.LOOKUP, adaptive.DRAFT])
   np.testing.assert_allclose(got.count[0], [0.0, 1.0])
-  np.testing.assert_allclose(got.count[1], [1.9, 0.0], rtol=1e-6)
+  np.testing.assert_allclose(got.count[1], [1 + adaptive.KEEP, 0.0], rtol=1e-6)
   np.testing.assert_allclose(got.beta_sum[1], [1.0, 0.0], rtol=1e-6)
   costs = np.asarray([[1.0, 9.0, 9.0], [1.0, 1.2, 1.3]], np.float32)
   sure = adaptive.Belief(beta_sum=jnp.full((2, 2), 90.0), square_sum=jnp.full((2, 2), 90.0),

@@ -20,7 +20,7 @@ draft model; LOOKUP = 1: a hybrid draft's prompt lookup, which is right far more
 where it matches): discounted sums of the exact β_i = Σ min(p_i, q_i) at the drafted
 positions it observed from that source, of their squares, and of their count, twice
 (`Belief`),
-  S ← KEEP·S + β_i,  Q ← KEEP·Q + β_i²,  n ← KEEP·n + 1,  f ← KEEP·f,
+  S ← k·S + β_i,  Q ← k·Q + β_i²,  n ← k·n + 1,  f ← k·f,
   m ← EVIDENCE_KEEP·m + 1                             per observed position, in order,
   S, Q, n, f, m ← FORGET·(S, Q, n, f, m)              per step the column observes nothing,
 with the mean α̂ = (S + f·n₀·α₀) / (n + f·n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT
@@ -31,14 +31,21 @@ Bernoulli draws of mean α₀), and the optimistic bound
 At T = 0 every β_i is 0 or 1, so Q = S and σ̂² = α̂(1-α̂), the Bernoulli variance. At
 T > 0 β_i is a probability, whose spread over positions lies far below α̂(1-α̂)
 (measured: docs/results.md#gamma-rules-t1), so a bound sized for Bernoulli draws would
-keep a row just below the threshold probing far longer than its evidence warrants. The mean weighs
-about the last 1 / (1 - KEEP) = 10 positions, so it follows the text; the bound's width
-stands on about the last 1 / (1 - EVIDENCE_KEEP) = 50, so it keeps narrowing as the row
-observes more (with the mean's own count, the width could never fall below
-sqrt(σ̂²/10), about 0.16 at a Bernoulli α̂ = 0.6, and a row that close below the table's
-threshold would probe on every step). FORGET leaves the mean of a row that stopped
-drafting where it was and shrinks the evidence it stands on, so its bound widens with
-time.
+keep a row just below the threshold probing far longer than its evidence warrants.
+The mean's discount k = 1 - g is set by how noisy each β is, as in the steady state of a
+Kalman filter that tracks a drifting level (gain g ≈ sqrt(drift / noise) for small
+gains): g = MEMORY_GAIN / sqrt(ρ), ρ = σ̂² / (α̂(1-α̂)) the row's observed spread of β
+against Bernoulli draws of its mean, held to MIN_SPREAD..1 (taken from the belief before
+the step). At T = 0, ρ = 1 and the mean weighs about the last 1 / MEMORY_GAIN = 20
+positions: each β is a 0/1 draw, and a shorter mean would swing between γ choices on
+the noise of a few draws. At T > 0 the β vary less, the mean can follow the text more
+closely, and it weighs down to the last sqrt(MIN_SPREAD) / MEMORY_GAIN = 10 at
+ρ = MIN_SPREAD (where not noise_memory: k = KEEP always). The bound's width stands on
+about the last 1 / (1 - EVIDENCE_KEEP) = 50, so it keeps narrowing as the row observes
+more (with the mean's own count, the width could never fall below sqrt(σ̂²/20), about
+0.11 at a Bernoulli α̂ = 0.6, and a row that close below the table's threshold would probe
+on every step). FORGET leaves the mean of a row that stopped drafting where it was and
+shrinks the evidence it stands on, so its bound widens with time.
 A step's source is LOOKUP where a hybrid's lookup matches the row's known tokens, else
 DRAFT (always DRAFT for the other kinds). Each source has its own step costs: in a step
 where every proposing row takes the lookup, the hybrid's feature draft runs its re-read
@@ -90,15 +97,19 @@ Array = jax.Array
 # (docs/background.md#formulas; measured v(k): docs/results.md#heldout).
 DEFAULT_GAMMA_MAX = 4
 DRAFT, LOOKUP = 0, 1  # proposal sources: the draft model; a hybrid's prompt lookup
-# The belief's prior mean α₀ per source and its weight n₀ in pseudo-positions; KEEP, the
-# mean's discount per observed position (about the last 1 / (1 - KEEP) = 10 count);
+# The belief's prior mean α₀ per source and its weight n₀ in pseudo-positions; KEEP =
+# 1 - MEMORY_GAIN, the mean's discount per observed position where β are 0/1 draws (T = 0:
+# about the last 20 count), MIN_SPREAD the least observed spread ratio ρ its gain scales
+# with (module docstring: at most MEMORY_GAIN / sqrt(MIN_SPREAD), about the last 10);
 # EVIDENCE_KEEP, the same for the count the bound's width stands on (about the last 50);
 # FORGET, the discount per step a column observes nothing; OPTIMISM, the bound's width in
 # standard deviations. Chosen by replaying the held-out set's greedy decodes offline under
 # each rule (scripts/gamma_policy_study.py; docs/results.md#gamma-rules).
 ALPHA_PRIOR = (0.5, 0.8)
 PRIOR_WEIGHT = 2.0
-KEEP = 0.9
+MEMORY_GAIN = 0.05
+KEEP = 1.0 - MEMORY_GAIN
+MIN_SPREAD = 0.25
 EVIDENCE_KEEP = 0.98
 FORGET = 0.99
 OPTIMISM = 1.0
@@ -338,6 +349,8 @@ class BeliefRule:
   optimism: float = OPTIMISM
   lookahead: bool = True  # probe only where a probe's best outcome would make the row draft
   observed_spread: bool = True  # the bound's width from σ̂² (False: from α̂(1 - α̂))
+  noise_memory: bool = True  # the mean's discount from the observed spread (False: keep)
+  min_spread: float = MIN_SPREAD
 
   def init(self, batch: int) -> Belief:
     """`initial_belief`: the rule's state (`GammaRule.init`)."""
@@ -375,6 +388,18 @@ class BeliefRule:
     mean = self.mean(belief)
     second = self.with_prior(belief, belief.square_sum) if self.observed_spread else mean
     return jnp.clip(second - mean ** 2, 0.0)
+
+  def mean_keep(self, belief: Belief) -> Array:
+    """float32 [B,2]: k, the mean's discount per observed position: 1 - (1 - keep) /
+    sqrt(ρ), ρ = σ̂² / (α̂(1 - α̂)) held to min_spread..1 (module docstring); keep
+    itself where not noise_memory."""
+    if not self.noise_memory:
+      return jnp.full_like(belief.count, self.keep)
+    mean = self.mean(belief)
+    spread = jnp.clip(self.with_prior(belief, belief.square_sum) - mean ** 2, 0.0)
+    ratio = spread / jnp.maximum(mean * (1.0 - mean), 1e-6)
+    ratio = jnp.where(mean * (1.0 - mean) > 1e-6, ratio, 1.0)  # α̂ at 0 or 1: no spread to see
+    return 1.0 - (1.0 - self.keep) / jnp.sqrt(jnp.clip(ratio, self.min_spread, 1.0))
 
   def bound(self, belief: Belief) -> Array:
     """float32 [B,2]: α⁺ = min(1, α̂ + OPTIMISM sqrt(σ̂² / (m + f n₀)))."""
@@ -417,23 +442,25 @@ class BeliefRule:
     after the positions the step observed, in order.
 
     A position i is observed when the row proposed it (i <= γ_b) and reached it (every
-    earlier draft accepted); the column of the row's source takes them (S ← KEEP S + β_i,
-    Q ← KEEP Q + β_i², n ← KEEP n + 1, f ← KEEP f, m ← EVIDENCE_KEEP m + 1 each), every
+    earlier draft accepted); the column of the row's source takes them (k = `mean_keep`
+    of the belief before the step; S ← k S + β_i,
+    Q ← k Q + β_i², n ← k n + 1, f ← k f, m ← EVIDENCE_KEEP m + 1 each), every
     column that observed nothing fades by FORGET.
     chosen int [B] (γ_b); proposes bool [B]; num_accepted int [B]; beta float [B,G]
     (β_i); source int [B] (the column this step updates).
     """
     j = jnp.arange(beta.shape[1])[None, :]
     observed = proposes[:, None] & (j <= num_accepted[:, None]) & (j < chosen[:, None])
+    keep = self.mean_keep(belief)  # [B,2]
     total, square, count = belief.beta_sum, belief.square_sum, belief.count
     prior, evidence = belief.prior, belief.evidence
     column = jnp.arange(total.shape[1])[None, :] == source[:, None]  # [B,2]
     for i in range(beta.shape[1]):  # G is small and static
       hit = column & observed[:, i:i + 1]
-      total = jnp.where(hit, self.keep * total + beta[:, i:i + 1], total)
-      square = jnp.where(hit, self.keep * square + beta[:, i:i + 1] ** 2, square)
-      count = jnp.where(hit, self.keep * count + 1.0, count)
-      prior = jnp.where(hit, self.keep * prior, prior)
+      total = jnp.where(hit, keep * total + beta[:, i:i + 1], total)
+      square = jnp.where(hit, keep * square + beta[:, i:i + 1] ** 2, square)
+      count = jnp.where(hit, keep * count + 1.0, count)
+      prior = jnp.where(hit, keep * prior, prior)
       evidence = jnp.where(hit, self.evidence_keep * evidence + 1.0, evidence)
     quiet = ~(column & observed.any(axis=1, keepdims=True))
     fade = jnp.where(quiet, self.forget, 1.0)
