@@ -404,3 +404,18 @@ def test_soak_section_and_headline(tmp_path):
   assert "| 20 | 1036 | 5120 | 6 | 1 / 1 | 571 → 572 MB | 0.01% |" in page
   assert "Target `random_tiny`, draft `truncate:1`, γ `auto`" in page
   assert "5120 tokens in 20 calls: decode loops compiled 1 after call 1, 1 at the end" in readme
+
+
+def test_gamma_rules_headline_takes_the_best_fixed_gamma_only():
+  """The headline's 'best fixed γ' is among the rows named fixed-<γ>: a rule variant whose
+  name only starts with 'fixed' (fixed-memory) is not a fixed γ."""
+  from tools import results_tables
+
+  def row(rule, speedup):
+    return dict(rule=rule, speedup=speedup,
+                domains=[dict(domain=results_format.ALL, speedup=speedup, speedup_lo=speedup,
+                              speedup_hi=speedup)])
+  doc = dict(rows=[row("auto", 1.3), row("fixed-memory", 1.4), row("fixed-2", 1.1),
+                   row("fixed-3", 1.2)])
+  (_, text), = results_tables.gamma_rules_headline("rules", doc)
+  assert "best fixed γ (fixed-3) 1.20x" in text and "fixed-memory" not in text

@@ -541,7 +541,7 @@ def gamma_rules_headline(title: str, doc: dict) -> list[tuple[str, str]]:
   def overall(r):
     return next(d for d in r["domains"] if d["domain"] == ALL)
 
-  fixed = [r for name, r in rows.items() if name.startswith("fixed-")]
+  fixed = [r for name, r in rows.items() if re.fullmatch(r"fixed-\d+", name)]  # fixed-γ
   parts = [f"'auto' {with_interval(overall(rows['auto']), 'speedup', '.2f', 'x')}"]
   if fixed:
     best = max(fixed, key=lambda r: r["speedup"])
