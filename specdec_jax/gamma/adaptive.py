@@ -381,13 +381,19 @@ class BeliefRule:
     """float32 [B,2]: α̂ = (S + f n₀ α₀) / (n + f n₀) (α₀ once nothing is left of either)."""
     return self.with_prior(belief, belief.beta_sum)
 
-  def variance(self, belief: Belief) -> Array:
+  def observed_variance(self, belief: Belief) -> Array:
     """float32 [B,2]: σ̂² = (Q + f n₀ α₀) / (n + f n₀) - α̂², the spread of β about the
-    mean (α̂(1 - α̂) at T = 0, where Q = S; α₀(1 - α₀) before any evidence); α̂(1 - α̂)
-    itself where not observed_spread."""
+    mean (α̂(1 - α̂) at T = 0, where Q = S; α₀(1 - α₀) before any evidence)."""
     mean = self.mean(belief)
-    second = self.with_prior(belief, belief.square_sum) if self.observed_spread else mean
-    return jnp.clip(second - mean ** 2, 0.0)
+    return jnp.clip(self.with_prior(belief, belief.square_sum) - mean ** 2, 0.0)
+
+  def variance(self, belief: Belief) -> Array:
+    """float32 [B,2]: the spread the bound's width takes: `observed_variance`, or
+    α̂(1 - α̂) where not observed_spread."""
+    if self.observed_spread:
+      return self.observed_variance(belief)
+    mean = self.mean(belief)
+    return jnp.clip(mean - mean ** 2, 0.0)
 
   def mean_keep(self, belief: Belief) -> Array:
     """float32 [B,2]: k, the mean's discount per observed position: 1 - (1 - keep) /
@@ -396,8 +402,7 @@ class BeliefRule:
     if not self.noise_memory:
       return jnp.full_like(belief.count, self.keep)
     mean = self.mean(belief)
-    spread = jnp.clip(self.with_prior(belief, belief.square_sum) - mean ** 2, 0.0)
-    ratio = spread / jnp.maximum(mean * (1.0 - mean), 1e-6)
+    ratio = self.observed_variance(belief) / jnp.maximum(mean * (1.0 - mean), 1e-6)
     ratio = jnp.where(mean * (1.0 - mean) > 1e-6, ratio, 1.0)  # α̂ at 0 or 1: no spread to see
     return 1.0 - (1.0 - self.keep) / jnp.sqrt(jnp.clip(ratio, self.min_spread, 1.0))
 
