@@ -29,6 +29,8 @@ speedup over autoregressive decoding per prompt. Rules:
   no-lookahead  a probe is taken even where its best outcome would not make the row draft
   bernoulli-width  the bound's width from α̂(1-α̂), not from the observed spread of β (the
                 same rule at T = 0, where every β is 0 or 1)
+  prior-spread  σ̂²'s spread within β averaged with the prior's pseudo-positions counted
+                as 0/1 draws (evidence_spread off; the same rule at T = 0)
   short-width   the bound's width from the mean's own count (EVIDENCE_KEEP = KEEP, about
                 10 positions): a row just below the threshold never stops probing
   default-prior the default rule's prior (where config.gamma_prior sets another)
@@ -127,6 +129,8 @@ def rules(gamma_max: int, base: adaptive.BeliefRule = adaptive.DEFAULT_RULE,
          "no-lookahead": (gamma_replay.Rule(dataclasses.replace(base, lookahead=False)), True),
          "bernoulli-width": (gamma_replay.Rule(dataclasses.replace(base, observed_spread=False)),
                              True),
+         "prior-spread": (gamma_replay.Rule(dataclasses.replace(base, evidence_spread=False)),
+                          True),
          "probe-1": (gamma_replay.Rule(SmallProbeRule(**fields, probe=1)), True),
          "probe-2": (gamma_replay.Rule(SmallProbeRule(**fields, probe=2)), True)}
   if catch_up and not sampled:

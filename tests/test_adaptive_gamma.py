@@ -738,6 +738,46 @@ def test_bound_width_from_the_observed_spread():
   assert (a[-30:] > 0).mean() <= 0.1  # it has stopped, bar a probe now and then
 
 
+def test_spread_within_beta_from_observed_positions_alone():
+  """σ̂² = α̂(1 - α̂) less the spread within each observed β (β(1 - β), 0 for a 0/1 draw),
+  averaged over the observed positions alone: the prior's pseudo-positions carry a mean,
+  not a spread. After 3 positions at β = 0.4 exactly, nothing varies but the prior's pull
+  on the mean, so σ̂² is near 0; with the prior counted as 0/1 draws (the negative control,
+  evidence_spread=False) it keeps a third of the Bernoulli spread. At T = 0 the two are
+  the same rule, step for step; at T > 0, under step costs where no γ pays below α ≈ 0.49,
+  rows at α 0.3..0.45 stop probing sooner."""
+  prior_spread = adaptive.BeliefRule(evidence_spread=False)
+  belief = adaptive.initial_belief(1)
+  for _ in range(3):
+    belief = observe(belief, chosen=[1], accepted=[0], beta=[[0.4]])
+  mean = float(adaptive.DEFAULT_RULE.mean(belief)[0, 0])
+  assert 0.4 < mean < 0.5
+  assert float(adaptive.DEFAULT_RULE.observed_variance(belief)[0, 0]) < 0.05 * mean * (1 - mean)  # 0.02
+  assert float(prior_spread.observed_variance(belief)[0, 0]) > 0.3 * mean * (1 - mean)  # 0.38
+  costs = jnp.asarray([[1.01, 1.51, 1.73, 1.82, 2.29]] * 2, jnp.float32)
+  source = jnp.zeros(4, jnp.int32)
+
+  def run(rule, draws):
+    rng, belief, history = np.random.default_rng(1), adaptive.initial_belief(4), []
+    for beta in draws:
+      chosen = np.asarray(rule.choose(belief, costs, source))
+      history.append(chosen)
+      accepted = np.cumprod(rng.random((4, 4)) < beta, axis=1).sum(axis=1)
+      belief = observe(belief, rule, chosen=chosen, accepted=np.minimum(accepted, chosen),
+                       beta=beta)
+    return np.asarray(history)
+
+  rng = np.random.default_rng(0)
+  coins = (rng.random((40, 4, 4)) < np.asarray([0.3, 0.5, 0.7, 0.9])[:, None])
+  np.testing.assert_array_equal(run(adaptive.DEFAULT_RULE, coins.astype(np.float32)),
+                                run(prior_spread, coins.astype(np.float32)))
+  sampled = (rng.uniform(-0.05, 0.05, (40, 4, 4))
+             + np.asarray([0.3, 0.35, 0.4, 0.45])[:, None]).astype(np.float32)
+  drafted = (run(adaptive.DEFAULT_RULE, sampled) > 0).sum()
+  drafted_prior_spread = (run(prior_spread, sampled) > 0).sum()
+  assert 4 <= drafted < 0.8 * drafted_prior_spread  # 14 against 28
+
+
 def test_mean_memory_from_the_observed_spread():
   """The mean's discount k = 1 - MEMORY_GAIN / sqrt(ρ), ρ the observed spread of β against
   Bernoulli draws of its mean (docs/background.md#gamma). At T = 0 (β 0 or 1) ρ = 1 and k

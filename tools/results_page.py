@@ -212,8 +212,8 @@ SECTIONS = (
             "every position (`gamma_replay`). Each rule is then replayed under this machine's "
             "measured step costs s(γ): its predicted speedup over autoregressive decoding. "
             "'auto' is the committed rule (one acceptance estimate and one cost row per "
-            "proposal source); 'one-estimate', 'no-…', 'short-width', 'fixed-memory', "
-            "'short-memory' and 'probe-k' each "
+            "proposal source); 'one-estimate', 'no-…', 'short-width', 'bernoulli-width', "
+            "'prior-spread', 'fixed-memory', 'short-memory' and 'probe-k' each "
             "change one part of it (the script's docstring says which), 'fixed-γ' a fixed count, "
             "'oracle' the best count knowing each step's outcome (a bound).",
             ("scripts/gamma_policy_study.py", "--config=configs/heldout_smollm2.py",

@@ -25,8 +25,10 @@ positions it observed from that source, of their squares, and of their count, tw
   S, Q, n, f, m ← FORGET·(S, Q, n, f, m)              per step the column observes nothing,
 with the mean α̂ = (S + f·n₀·α₀) / (n + f·n₀) (α₀ = ALPHA_PRIOR[src], n₀ = PRIOR_WEIGHT
 pseudo-positions, f = 1 at the start: the prior fades like any evidence), the spread of
-β about it σ̂² = (Q + f·n₀·α₀) / (n + f·n₀) - α̂² (the prior's pseudo-positions count as
-Bernoulli draws of mean α₀), and the optimistic bound
+β about it σ̂² = α̂(1-α̂) - (S - Q) / n (the Bernoulli spread of the mean less the spread
+within each observed β, β(1-β), on average over the observed positions alone: the prior's
+pseudo-positions carry a mean, not a spread; α̂(1-α̂) before any evidence), and the
+optimistic bound
 α⁺ = min(1, α̂ + OPTIMISM·sqrt(σ̂² / (m + f·n₀))).
 At T = 0 every β_i is 0 or 1, so Q = S and σ̂² = α̂(1-α̂), the Bernoulli variance. At
 T > 0 β_i is a probability, whose spread over positions lies far below α̂(1-α̂)
@@ -351,6 +353,7 @@ class BeliefRule:
   observed_spread: bool = True  # the bound's width from σ̂² (False: from α̂(1 - α̂))
   noise_memory: bool = True  # the mean's discount from the observed spread (False: keep)
   min_spread: float = MIN_SPREAD
+  evidence_spread: bool = True  # σ̂²'s within-β part from observed positions alone
 
   def init(self, batch: int) -> Belief:
     """`initial_belief`: the rule's state (`GammaRule.init`)."""
@@ -382,10 +385,17 @@ class BeliefRule:
     return self.with_prior(belief, belief.beta_sum)
 
   def observed_variance(self, belief: Belief) -> Array:
-    """float32 [B,2]: σ̂² = (Q + f n₀ α₀) / (n + f n₀) - α̂², the spread of β about the
-    mean (α̂(1 - α̂) at T = 0, where Q = S; α₀(1 - α₀) before any evidence)."""
+    """float32 [B,2]: σ̂², the spread of β about the mean: α̂(1 - α̂) - (S - Q) / w, the
+    Bernoulli spread of the mean less the spread within each β (β(1 - β), 0 for a 0/1
+    draw) on average. w = n where evidence_spread (the observed positions alone: the
+    prior's pseudo-positions carry a mean, not a spread), else n + f n₀ (the prior's
+    counted as 0/1 draws, σ̂² = (Q + f n₀ α₀) / (n + f n₀) - α̂²). α̂(1 - α̂) at T = 0,
+    where Q = S, and before any evidence."""
     mean = self.mean(belief)
-    return jnp.clip(self.with_prior(belief, belief.square_sum) - mean ** 2, 0.0)
+    within = belief.beta_sum - belief.square_sum
+    weight = belief.count if self.evidence_spread else self.weight(belief)
+    within = jnp.where(weight > 1e-6, within / jnp.maximum(weight, 1e-6), 0.0)
+    return jnp.clip(mean * (1.0 - mean) - within, 0.0)
 
   def variance(self, belief: Belief) -> Array:
     """float32 [B,2]: the spread the bound's width takes: `observed_variance`, or
