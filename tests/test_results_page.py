@@ -419,3 +419,24 @@ def test_gamma_rules_headline_takes_the_best_fixed_gamma_only():
                    row("fixed-3", 1.2)])
   (_, text), = results_tables.gamma_rules_headline("rules", doc)
   assert "best fixed γ (fixed-3) 1.20x" in text and "fixed-memory" not in text
+
+
+def test_committed_commands_name_no_path_of_the_machine():
+  """Every committed result's stamped command names repository files relative to its root:
+  an output written to a scratch path outside it (--out=/tmp/...) is caught, the negative
+  control."""
+  assert results_format.absolute_paths(
+      "python scripts/x.py --out=/tmp/gamma_rules.json --config=configs/a.py") == [
+          "/tmp/gamma_rules.json"]
+  assert results_format.absolute_paths(STAMP["command"]) == []
+  found = {}
+  for path in sorted((REPO / results_page.RESULTS_DIR).rglob("*.json")):
+    doc = json.loads(path.read_text())
+    stamps = [doc.get("stamp")] + [run.get("stamp") for run in doc.get("runs", [])
+                                   if isinstance(run, dict)]
+    for stamp in stamps:
+      if isinstance(stamp, dict) and stamp.get("command"):
+        bad = results_format.absolute_paths(stamp["command"])
+        if bad:
+          found[path.name] = bad
+  assert not found

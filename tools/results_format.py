@@ -94,6 +94,15 @@ def unclean(stamp: dict) -> str | None:
   return None
 
 
+def absolute_paths(command: str) -> list[str]:
+  """The absolute paths a stamped command line names (a word, or a flag's value, that
+  starts with '/'): a committed command must name the repository's files relative to its
+  root, never a path of the machine that ran it."""
+  words = command.split()[1:]  # the interpreter itself may be named by its path
+  values = [w.split("=", 1)[1] if w.startswith("-") and "=" in w else w for w in words]
+  return [v for v in values if v.startswith(("/", "~"))]
+
+
 def stamp_lines(stamp: dict, result_path: str) -> list[str]:
   """The provenance list under each section's heading."""
   devices = ", ".join(f"{d['count']} x {d['kind']}" for d in stamp["devices"])
