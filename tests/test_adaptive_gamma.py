@@ -589,6 +589,22 @@ def observe(belief, rule=adaptive.DEFAULT_RULE, *, chosen, accepted, beta, sourc
                       beta=jnp.asarray(beta, jnp.float32), source=jnp.asarray(source))
 
 
+def decode_rows(rule, costs, draws, rng):
+  """rule.choose then rule.observe over steps, each draft accepted with probability β:
+  draws float [steps,B,G] (β of each row's drafted positions per step), costs float32
+  [2,G+1], every row of the DRAFT source -> (γ_b per step int [steps,B], the belief)."""
+  rows, gamma_max = draws.shape[1], draws.shape[2]
+  source = jnp.zeros(rows, jnp.int32)
+  belief, history = adaptive.initial_belief(rows), []
+  for beta in draws:
+    chosen = np.asarray(rule.choose(belief, costs, source))
+    history.append(chosen)
+    accepted = np.cumprod(rng.random((rows, gamma_max)) < beta, axis=1).sum(axis=1)
+    belief = observe(belief, rule, chosen=chosen, accepted=np.minimum(accepted, chosen),
+                     beta=beta)
+  return np.asarray(history), belief
+
+
 def test_belief_takes_observed_positions_in_order_and_fades():
   """Row 0 proposed 3 and accepted 1: positions 1 and 2 are observed (S = 0.9·1 + 0,
   n = 0.9 + 1, the prior's weight 0.9², the bound's count m = 0.98 + 1), position 3 not;
@@ -704,19 +720,11 @@ def test_bound_width_from_the_observed_spread():
   the Bernoulli width, which is the negative control."""
   table = CostTable(c=None, verify_costs=None, step_costs=(1.0, 1.66, 2.0, 2.2, 3.4))
   costs = jnp.asarray(table.loop_costs(4))
-  source = jnp.zeros(4, jnp.int32)
   bernoulli = adaptive.BeliefRule(observed_spread=False)
   rng = np.random.default_rng(0)
 
   def run(rule, draw, steps=60):
-    belief, history = adaptive.initial_belief(4), []
-    for beta in draw(steps):
-      chosen = np.asarray(rule.choose(belief, costs, source))
-      history.append(chosen)
-      accepted = np.cumprod(rng.random((4, 4)) < beta, axis=1).sum(axis=1)
-      belief = observe(belief, rule, chosen=chosen, accepted=np.minimum(accepted, chosen),
-                       beta=beta)
-    return np.asarray(history), belief
+    return decode_rows(rule, costs, draw(steps), rng)
 
   rows = np.asarray([0.3, 0.5, 0.7, 0.9])[:, None]
   coins = rng.random((60, 4, 4)) < rows  # T = 0: every β is 0 or 1
@@ -756,17 +764,9 @@ def test_spread_within_beta_from_observed_positions_alone():
   assert float(adaptive.DEFAULT_RULE.observed_variance(belief)[0, 0]) < 0.05 * bernoulli  # 0.02
   assert float(prior_spread.observed_variance(belief)[0, 0]) > 0.3 * bernoulli  # 0.38
   costs = jnp.asarray([[1.01, 1.51, 1.73, 1.82, 2.29]] * 2, jnp.float32)
-  source = jnp.zeros(4, jnp.int32)
 
   def run(rule, draws):
-    rng, belief, history = np.random.default_rng(1), adaptive.initial_belief(4), []
-    for beta in draws:
-      chosen = np.asarray(rule.choose(belief, costs, source))
-      history.append(chosen)
-      accepted = np.cumprod(rng.random((4, 4)) < beta, axis=1).sum(axis=1)
-      belief = observe(belief, rule, chosen=chosen, accepted=np.minimum(accepted, chosen),
-                       beta=beta)
-    return np.asarray(history)
+    return decode_rows(rule, costs, draws, np.random.default_rng(1))[0]
 
   rng = np.random.default_rng(0)
   coins = (rng.random((40, 4, 4)) < np.asarray([0.3, 0.5, 0.7, 0.9])[:, None])
