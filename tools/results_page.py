@@ -174,11 +174,11 @@ SECTIONS = (
         "t0_gammas", "prose, chat and code, greedy, γ auto beside fixed γ",
         "The 18 prompts at batch 1 with γ 'auto' (each step each row takes the γ in "
         "0..gamma_max that its acceptance evidence and this pair's step costs s(γ) favour; "
-        "γ = 0 is a plain target step that skips the draft) beside fixed γ 3, every "
-        "prompt under every γ in the same run. The cost table is measured on this machine at "
-        "the start of the run and recorded in the file (`--config.costs=<file>` replays it). "
-        "Ours only.",
-        "--gammas=auto,3"),
+        "γ = 0 is a plain target step that skips the draft) beside fixed γ 2 and 3, "
+        "every prompt under every γ in the same run. The cost table is measured on this "
+        "machine at the start of the run and recorded in the file (`--config.costs=<file>` "
+        "replays it). Ours only.",
+        "--gammas=auto,2,3"),
     qwen_variant(
         "t1_gammas", "prose, chat and code, temperature 1, γ auto beside fixed γ",
         "As above, beside fixed γ 2 and 3, sampling at temperature 1: one sample per prompt "
