@@ -4,7 +4,7 @@ of the speedup per chip (docs/tpu_plan.md).
 
   make tpu-plan     # .venv-tpu (jax[tpu] at the project's jax version), then this script
   .venv-tpu/bin/python scripts/tpu_plan.py --config=configs/qwen25_coder.py \
-      --topology=v5e:2x2 --from=docs/results/heldout_qwen25_coder_t0_auto.json \
+      --topology=v5e:2x2 --from=docs/results/heldout_qwen25_coder_t0_gammas.json \
       --out=docs/results/tpu_plan_qwen25_coder_v5e.json
 
 --topology: a TPU topology name ('v5e:2x2', 'v6e:2x2', 'v5p:2x2x1', 'v5e:4x4', ...; libtpu

@@ -302,7 +302,7 @@ def tpu_plan(anchor: str, path: str, title: str, config: str, topology: str,
   return Section(anchor, path, "tpu_plan", title, _PLAN_ABOUT, made_by=command)
 
 
-_FROM_QWEN = "--from=docs/results/heldout_qwen25_coder_t0_auto.json"
+_FROM_QWEN = "--from=docs/results/heldout_qwen25_coder_t0_gammas.json"
 _FROM_SMOLLM2 = "--from=docs/results/benchmark_heldout_smollm2.json"
 _SOAK_ABOUT = (
     "`speculative_generate` called again and again on prompts of one shape "
