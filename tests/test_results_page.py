@@ -440,3 +440,19 @@ def test_committed_commands_name_no_path_of_the_machine():
         if bad:
           found[path.name] = bad
   assert not found
+
+
+def test_superseded_section_keeps_its_table_but_gives_no_readme_row(tmp_path):
+  """A section a later one supersedes (Section.superseded_by) is listed under "Superseded"
+  in the README, not quoted, and its table stays on the page, marked; the later one is
+  quoted."""
+  old = next(s for s in results_page.SECTIONS if s.superseded_by)
+  new = next(s for s in results_page.SECTIONS if s.anchor == old.superseded_by)
+  page, readme = rendered(tmp_path, {old.path: PROMPT_SET, new.path: PROMPT_SET})
+  rows = [line for line in readme.splitlines() if line.startswith("| ")]
+  assert not [r for r in rows if f"#{old.anchor})" in r]
+  assert [r for r in rows if f"#{new.anchor})" in r]
+  assert (f"- [{old.title}](docs/results.md#{old.anchor}): superseded by "
+          f"[{new.title}](docs/results.md#{new.anchor})") in readme
+  assert f"- Superseded by [{new.title}](#{new.anchor})" in page
+  assert page.count("| **all** | 4 | 0.88x [0.63, 1.23]") == 2  # both tables shown

@@ -60,6 +60,9 @@ class Section:
   argv: tuple[str, ...] = ()
   needs_draft: bool = False
   made_by: str = ""  # the command that writes the file, when measure_results does not
+  # the anchor of a later section that measures the same thing at newer code: the README
+  # quotes that one only, and docs/results.md keeps this table, marked
+  superseded_by: str = ""
 
 
 CPU2 = ", on a second CPU kind"  # the title's tail of a section measured again elsewhere
@@ -119,7 +122,8 @@ _QWEN = Section(
             f"--peer=transformers --out={RESULTS_DIR}/heldout_qwen25_coder_t0.json")
 
 
-def qwen_variant(suffix: str, title: str, about: str, flags: str) -> Section:
+def qwen_variant(suffix: str, title: str, about: str, flags: str,
+                 superseded_by: str = "") -> Section:
   """The Qwen held-out run again with `flags` (before --out), into
   heldout_qwen25_coder_<suffix>.json, anchor qwen-heldout-<suffix>; the peer only where
   flags name it."""
@@ -128,7 +132,8 @@ def qwen_variant(suffix: str, title: str, about: str, flags: str) -> Section:
       path=f"heldout_qwen25_coder_{suffix}.json",
       title=_QWEN.title.replace("prose, chat and code, greedy", title), about=about,
       made_by=("python scripts/benchmark.py --config=configs/heldout_qwen25_coder.py "
-               f"{flags} --out={RESULTS_DIR}/heldout_qwen25_coder_{suffix}.json"))
+               f"{flags} --out={RESULTS_DIR}/heldout_qwen25_coder_{suffix}.json"),
+      superseded_by=superseded_by)
 
 
 SECTIONS = (
@@ -169,7 +174,7 @@ SECTIONS = (
         "0..gamma_max that its acceptance estimate and this pair's step costs s(γ) favour "
         "(γ = 0 is a plain target step), from the cost table measured on this machine at "
         "the start of the run (recorded in the file: `--config.costs=<file>` replays it).",
-        "--config.gamma=auto"),
+        "--config.gamma=auto", superseded_by="qwen-heldout-t0-gammas"),
     qwen_variant(
         "t0_gammas", "prose, chat and code, greedy, γ auto beside fixed γ",
         "The 18 prompts at batch 1 with γ 'auto' (each step each row takes the γ in "
@@ -487,6 +492,11 @@ def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
   return [(f"{section.title}, draft `{first}` at γ = {width}", value)]
 
 
+def title_of(anchor: str) -> str:
+  """The title of the section with this anchor."""
+  return next(s.title for s in SECTIONS if s.anchor == anchor)
+
+
 def left_out(doc: dict) -> str | None:
   """Why the README does not quote `doc` (a stamp behind the figures it would quote is not
   of a clean commit, so no commit reproduces them), or None."""
@@ -496,7 +506,7 @@ def left_out(doc: dict) -> str | None:
 def readme_block(docs: dict[str, dict]) -> str:
   """The Markdown between the README's results markers: the headline figures measured on
   a clean commit, then the sections left out and why."""
-  rows, dropped = [], []
+  rows, dropped, superseded = [], [], []
   for s in SECTIONS:
     link = f"[table](docs/results.md#{s.anchor})"
     if s.anchor not in docs:
@@ -504,6 +514,10 @@ def readme_block(docs: dict[str, dict]) -> str:
       continue
     if why := left_out(docs[s.anchor]):
       dropped.append(f"- [{s.title}](docs/results.md#{s.anchor}): {why}")
+      continue
+    if s.superseded_by:
+      superseded.append(f"- [{s.title}](docs/results.md#{s.anchor}): superseded by "
+                        f"[{title_of(s.superseded_by)}](docs/results.md#{s.superseded_by})")
       continue
     stamp = stamp_of(docs[s.anchor])
     for figure, value in headline(s, docs[s.anchor]):
@@ -513,6 +527,9 @@ def readme_block(docs: dict[str, dict]) -> str:
     lines += ["", "Left out: the table quotes only figures measured on a clean commit. These "
               "were not, so no commit reproduces them; docs/results.md still shows them, "
               "marked.", "", *dropped]
+  if superseded:
+    lines += ["", "Superseded: a later section measures the same at newer code; "
+              "docs/results.md still shows these, marked.", "", *superseded]
   return "\n".join(lines)
 
 
@@ -546,6 +563,9 @@ def render_page(docs: dict[str, dict], figures: dict[str, str] | None = None) ->
     lines += stamp_lines(stamp_of(doc), s.path)
     if why := left_out(doc):
       lines.append(f"- Not quoted in the README: {why}.")
+    if s.superseded_by:
+      lines.append(f"- Superseded by [{title_of(s.superseded_by)}](#{s.superseded_by}), "
+                   "which measures the same at newer code; not quoted in the README.")
     lines += [""] + TABLES[s.kind](doc)
     if s.anchor in figures:
       lines += ["", f"![{s.title}]({figures[s.anchor]})"]
