@@ -251,6 +251,17 @@ SECTIONS = (
              f"--out={RESULTS_DIR}/gamma_rules_qwen25_coder.json",
              f"--measured={RESULTS_DIR}/heldout_qwen25_coder_t0_gammas.json"),
             needs_draft=False),
+    Section("gamma-rules-qwen-t1", "gamma_rules_qwen25_coder_t1.json", "gamma_rules",
+            "Rules for choosing γ on the Qwen pair at T = 1 (a model of sampled decoding)",
+            "The T = 1 replay above for the Qwen pair: one decode per held-out prompt at "
+            "fixed γ = G records the exact β of every drafted position it reached, and each "
+            "rule walks that trace many times under this machine's measured step costs at "
+            "T = 1, accepting each draft with probability β; set beside the measured "
+            "held-out run at T = 1.",
+            ("scripts/gamma_policy_study.py", "--config=configs/heldout_qwen25_coder.py",
+             "--config.temperature=1", f"--out={RESULTS_DIR}/gamma_rules_qwen25_coder_t1.json",
+             f"--measured={RESULTS_DIR}/heldout_qwen25_coder_t1_gammas.json"),
+            needs_draft=False),
     benchmark("prompt-lookup", "benchmark_prompt_lookup_smollm2.json", "benchmark",
               "SmolLM2-135M with the prompt-lookup draft on Psalm 136, greedy",
               "The draft copies what followed the last match of up to 3 trailing tokens; its "
