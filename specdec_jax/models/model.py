@@ -39,8 +39,8 @@ memory order.
 
 A vocabulary-subset head (`ModelConfig.head_tokens`) scores C columns; forward spreads
 them over the V ids as a gather (column[v] where the head has v, else -inf;
-`subset_columns`), not a scatter into V: on a TPU a scatter serializes, and the compiled
-plans showed it costing the decode loop in-place draft caches (docs/tpu_plan.md).
+`subset_columns`), not a scatter into V: on a TPU a scatter serializes, and XLA:TPU copies
+the draft's cache around one inside the decode loop (docs/tpu_plan.md).
 
 Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
 stream after l_i blocks (0 = the embedding, L = the last block, before the final norm),
@@ -178,8 +178,7 @@ class ModelConfig:
 
 
 @functools.lru_cache(maxsize=8)
-def subset_columns(head_tokens: tuple[int, ...], vocab_size: int) -> tuple[np.ndarray,
-                                                                              np.ndarray]:
+def subset_columns(head_tokens: tuple[int, ...], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
   """(column [V] int32, kept [V] bool) of a vocabulary-subset head: token v is the head's
   column column[v] where kept[v] (head_tokens[column[v]] = v), else no column (0)."""
   ids = np.asarray(head_tokens, np.int64)
