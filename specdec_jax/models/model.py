@@ -37,11 +37,6 @@ docs/design.md#verify-cost). Stored output-major (`gate_t` [F,D]), a call over
 once (`matmul.out_major_matmul`; docs/background.md#cpu): the same products in another
 memory order.
 
-A vocabulary-subset head (`ModelConfig.head_tokens`) scores C columns; forward spreads
-them over the V ids as a gather (column[v] where the head has v, else -inf;
-`subset_columns`), not a scatter into V: on a TPU a scatter serializes, and XLA:TPU copies
-the draft's cache around one inside the decode loop (docs/tpu_plan.md).
-
 Hidden states. `forward(..., hidden_layers=(l_1, .., l_k))` also returns the residual
 stream after l_i blocks (0 = the embedding, L = the last block, before the final norm),
 concatenated: [B,T,k*D]. It only gathers values the forward computes anyway.
@@ -71,9 +66,9 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_jax.models.matmul import out_major_matmul
+from specdec_jax.models.subset_head import full_vocab_logits
 
 Array = jax.Array
 Cache = dict[str, Array]
@@ -175,18 +170,6 @@ class ModelConfig:
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
-
-
-@functools.lru_cache(maxsize=8)
-def subset_columns(head_tokens: tuple[int, ...], vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """(column [V] int32, kept [V] bool) of a vocabulary-subset head: token v is the head's
-  column column[v] where kept[v] (head_tokens[column[v]] = v), else no column (0)."""
-  ids = np.asarray(head_tokens, np.int64)
-  column = np.zeros(vocab_size, np.int32)
-  column[ids] = np.arange(len(ids), dtype=np.int32)
-  kept = np.zeros(vocab_size, bool)
-  kept[ids] = True
-  return column, kept
 
 
 def init_cache(config: ModelConfig, batch_size: int, num_slots: int | None = None) -> Cache:
@@ -366,9 +349,8 @@ class Transformer(nn.Module):
         head = self.param("head", nn.initializers.normal(stddev=0.02),
                           (cfg.embed_dim, cfg.head_size), dt)
         logits = jnp.einsum("btd,dv->btv", x, head, preferred_element_type=jnp.float32)
-      if cfg.head_tokens and full_vocab:  # a gather, not a scatter (module docstring)
-        column, kept = subset_columns(cfg.head_tokens, cfg.vocab_size)
-        logits = jnp.where(kept, jnp.take(logits, column, axis=-1), -jnp.inf)
+      if cfg.head_tokens and full_vocab:
+        logits = full_vocab_logits(logits, cfg.head_tokens, cfg.vocab_size)
     return logits, new_cache, hidden
 
   def _feature_input(self, embedded, target_features, context):
