@@ -456,3 +456,23 @@ def test_superseded_section_keeps_its_table_but_gives_no_readme_row(tmp_path):
           f"[{new.title}](docs/results.md#{new.anchor})") in readme
   assert f"- Superseded by [{new.title}](#{new.anchor})" in page
   assert page.count("| **all** | 4 | 0.88x [0.63, 1.23]") == 2  # both tables shown
+
+
+def test_fresh_clone_headline_says_a_failed_command_and_its_failures(tmp_path):
+  """A fresh-clone `make test` that failed: the README names its exit status, and the
+  figure scripts/measure_results.py quotes from its output keeps the failure count."""
+  import ast
+  import re
+  tree = ast.parse((REPO / "scripts" / "measure_results.py").read_text())
+  printed = next(ast.literal_eval(node.value) for node in ast.walk(tree)
+                 if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", "") == "PRINTED" for t in node.targets))
+  output = "F....\nFAILED tests/x.py::y\n1 failed, 809 passed, 1 skipped in 473.37s (0:07:53)\n"
+  figures = re.findall(printed["make test"], output)
+  assert figures == ["1 failed, 809 passed, 1 skipped in 473.37s (0:07:53)"]
+  doc = dict(stamp=dict(STAMP, command="python scripts/measure_results.py --only=fresh-clone"),
+             runs=[dict(command="make test", seconds=476.0, returncode=2, figures=figures,
+                        output_tail=[])])
+  _, readme = rendered(tmp_path, {"fresh_clone.json": doc})
+  assert ("| `make test` on a fresh clone | 7 min 56 s; exit status 2; printed 1 failed, 809 "
+          "passed, 1 skipped in 473.37s (0:07:53) |") in readme

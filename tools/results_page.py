@@ -482,8 +482,9 @@ def headline(section: Section, doc: dict) -> list[tuple[str, str]]:
   if section.kind == "fresh_clone":  # the title's words after "fresh clone" name the machine
     where = section.title.split("fresh clone", 1)[-1]
     return [(f"`{run['command']}` on a fresh clone{where}",
-             minutes(run["seconds"]) + (f"; printed {printed_figures(run)}"
-                                        if run.get("figures") else ""))
+             minutes(run["seconds"])
+             + (f"; exit status {run['returncode']}" if run.get("returncode") else "")
+             + (f"; printed {printed_figures(run)}" if run.get("figures") else ""))
             for run in doc["runs"]]
   if section.kind == "benchmark":
     config = doc["meta"]["config"]
