@@ -17,12 +17,14 @@ from typing import Any, Callable, Mapping
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from specdec_jax.models import sharding
 from specdec_jax.distill.divergences import LOSSES, logit_divergences, subset_divergences
 from specdec_jax.models.model import ModelConfig, forward, init_cache, unrolled_feature_logits
 from specdec_jax.models.sampling import sample, warp
+from specdec_jax.models.subset_head import subset_columns
 
 Array = jax.Array
 PyTree = Any
@@ -333,8 +335,8 @@ def head_columns(draft_config: ModelConfig) -> Array:
   v = draft_config.vocab_size
   if not draft_config.head_tokens:
     return jnp.arange(v, dtype=jnp.int32)
-  ids = jnp.asarray(draft_config.head_tokens, jnp.int32)
-  return jnp.full((v,), -1, jnp.int32).at[ids].set(jnp.arange(ids.shape[0], dtype=jnp.int32))
+  column, kept = subset_columns(draft_config.head_tokens, v)
+  return jnp.asarray(np.where(kept, column, -1), jnp.int32)
 
 
 def feature_loss_fn(draft_params, input_embed: Array, batch: Mapping[str, Array], *,
