@@ -10,7 +10,7 @@ compiled program) and run `run_steps` (another), then return a `GenerationResult
 chain step with several kinds (`step.step_kinds`: the proposer's call widths, e.g. every
 width under gamma 'auto' or a lookup that may propose nothing, and under gamma 'auto' a
 draft with a skip lag adds SKIP, the plain step that skips the draft, and CATCH_UP, the
-draft's catch-up call that takes no step) runs one inner `while_loop` per kind inside the
+draft's catch-up call that takes no step, in place of width 1) runs one inner `while_loop` per kind inside the
 loop of steps, each taking the steps of its kind: one compiled loop, no step under a
 conditional (whose branches XLA:CPU would hand copies of both caches). The plan of the
 next step (`step.step_plan`) is computed once, after each step, and carried: it decides

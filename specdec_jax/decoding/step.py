@@ -86,11 +86,23 @@ def step_widths(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
 SKIP, CATCH_UP = 0, -1  # step kinds besides the widths k >= 1 (`step_kinds`)
 
 
-def step_kinds(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
-  """The static kinds of step the loop compiles: the call widths, and before them, for a
-  draft with a skip lag under gamma 'auto', SKIP (a plain step that leaves the draft
-  behind, target call width 1) and CATCH_UP (the draft's catch-up call, no step)."""
+def drafting_widths(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
+  """The call widths the loop compiles (`step_widths`), less width 1 for a draft with a
+  skip lag: there a step in which no live row proposes is SKIP (after a CATCH_UP where a
+  row has no room to fall behind, `kind_index`), so a width-1 step that runs the draft
+  never comes."""
   widths = step_widths(draft, spec)
+  if spec.lag(draft) == 0 or widths == (1,):
+    return widths
+  return tuple(k for k in widths if k > 1)
+
+
+def step_kinds(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
+  """The static kinds of step the loop compiles: the call widths (`drafting_widths`), and
+  before them, for a draft with a skip lag under gamma 'auto', SKIP (a plain step that
+  leaves the draft behind, target call width 1) and CATCH_UP (the draft's catch-up call,
+  no step)."""
+  widths = drafting_widths(draft, spec)
   return ((SKIP, CATCH_UP) + widths) if spec.lag(draft) > 0 else widths
 
 
@@ -98,7 +110,7 @@ def kind_index(state: DecodeState, plan: StepPlan, draft: Draft, spec: DecodeSpe
   """int32 []: the index in `step_kinds` of the step `plan` asks for, the one place a
   step's kind is chosen: the narrowest width >= max_b γ_b + 1 (`adaptive.width_index`),
   or SKIP / CATCH_UP (`may_skip_draft`, `catch_up_needed`)."""
-  index = adaptive.width_index(step_widths(draft, spec), plan.chosen)
+  index = adaptive.width_index(drafting_widths(draft, spec), plan.chosen)
   if spec.lag(draft) == 0:
     return index
   return jnp.where(catch_up_needed(state, draft, plan.chosen), 1,
