@@ -233,19 +233,21 @@ def prepared_state(pair, spec: DecodeSpec, seed=0):
 
 
 def test_step_and_loop_compile_once(tiny_pair):
+  """Repeated calls add at most one compiled program (none where an earlier test module
+  of this process compiled the same one: `conftest.release_compiled_programs`)."""
   target, tp, _, dp = tiny_pair
   prepared, state = prepared_state(tiny_pair, DecodeSpec(12, FixedGamma(2), SamplingConfig(0.8)))
   statics = dict(target_config=target, draft=prepared.draft, spec=prepared.spec)
   before = step.speculative_step._cache_size()
   for _ in range(4):
     state = step.speculative_step(tp, dp, state, None, **statics)
-  assert step.speculative_step._cache_size() == before + 1
+  assert step.speculative_step._cache_size() <= before + 1
   assert int(state.step) == 4 and (np.asarray(state.num_tokens) > prepared.prompt_len).all()
 
   loop_before = loop.run_steps_jit._cache_size()
   for seed in range(3):
     generate(tiny_pair, gamma=2, max_new_tokens=12, sampling=SamplingConfig(0.8), seed=seed)
-  assert loop.run_steps_jit._cache_size() == loop_before + 1
+  assert loop.run_steps_jit._cache_size() <= loop_before + 1
 
 
 def test_manual_steps_equal_the_loop(tiny_pair):
