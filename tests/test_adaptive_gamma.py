@@ -325,6 +325,28 @@ def test_plain_steps_never_run_the_draft(greedy_pairs, kind):
     assert (np.asarray(state.draft_state.cache["length"]) > prompt_len - 1).all()
 
 
+@pytest.mark.parametrize("kind,kinds", [
+    ("model", (decode_step.SKIP, decode_step.CATCH_UP, 2, 3, 4)),
+    ("feature", (decode_step.SKIP, decode_step.CATCH_UP, 2, 3, 4)),
+    ("ngram", (1, 2, 3, 4))])
+def test_a_draft_that_falls_behind_compiles_no_width_one_step(greedy_pairs, kind, kinds):
+  """Under gamma 'auto' the loop compiles one whole step per kind (`step.step_kinds`). A
+  draft with a skip lag takes SKIP (after a CATCH_UP where needed) on every step in which
+  no live row proposes, so no width-1 step that runs the draft is compiled; a lookup (no
+  lag) keeps width 1, and a step whose widest row proposes k - 1 takes width k."""
+  target, tp, draft, dp = greedy_pairs[kind]
+  prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, auto_spec(SWITCHING, 12))
+  spec, drafter = prepared.spec, prepared.draft
+  assert decode_step.step_kinds(drafter, spec) == kinds
+  state = loop.prefill(Model(target, tp), dp, prepared)
+  rows = len(PROMPTS)
+  for top, want in ((1, 2), (2, 3), (3, 4)):
+    chosen = jnp.asarray([0] * (rows - 1) + [top], jnp.int32)
+    plan = decode_step.step_plan(state, drafter, spec, jnp.asarray(prepared.costs))
+    index = decode_step.kind_index(state, plan.replace(chosen=chosen), drafter, spec)
+    assert kinds[int(index)] == want
+
+
 def test_skipped_independent_draft_catches_up_exactly(greedy_pairs):
   """An independent draft skipped for more steps than one catch-up call covers is caught
   up by the loop's calls to a cache that drafts what a freshly prefilled one drafts: the

@@ -8,11 +8,11 @@ compiled program) and run `run_steps` (another), then return a `GenerationResult
 
 `run_steps` is one `lax.while_loop` of steps until every row is done or M steps ran. A
 chain step with several kinds (`step.step_kinds`: the proposer's call widths, e.g. every
-width under gamma 'auto' or a lookup that may propose nothing, and under gamma 'auto' a
-draft with a skip lag adds SKIP, the plain step that skips the draft, and CATCH_UP, the
-draft's catch-up call that takes no step, in place of width 1) runs one inner `while_loop` per kind inside the
-loop of steps, each taking the steps of its kind: one compiled loop, no step under a
-conditional (whose branches XLA:CPU would hand copies of both caches). The plan of the
+width under gamma 'auto' or a lookup that may propose nothing; under gamma 'auto' a draft
+with a skip lag has SKIP, the plain step that skips the draft, and CATCH_UP, the draft's
+catch-up call that takes no step, in place of width 1) runs one inner `while_loop` per
+kind inside the loop of steps, each taking the steps of its kind: one compiled loop, no
+step under a conditional (whose branches XLA:CPU would hand copies of both caches). The plan of the
 next step (`step.step_plan`) is computed once, after each step, and carried: it decides
 the next kind (`step.kind_index`) and is the step's plan. The single jitted
 `step.speculative_step` picks the width with a `lax.switch` instead and never skips the
