@@ -328,12 +328,14 @@ def test_plain_steps_never_run_the_draft(greedy_pairs, kind):
 @pytest.mark.parametrize("kind,kinds", [
     ("model", (decode_step.SKIP, decode_step.CATCH_UP, 2, 3, 4)),
     ("feature", (decode_step.SKIP, decode_step.CATCH_UP, 2, 3, 4)),
+    ("hybrid", (decode_step.SKIP, decode_step.CATCH_UP, 2, 3, 4)),
     ("ngram", (1, 2, 3, 4))])
 def test_a_draft_that_falls_behind_compiles_no_width_one_step(greedy_pairs, kind, kinds):
-  """Under gamma 'auto' the loop compiles one whole step per kind (`step.step_kinds`). A
-  draft with a skip lag takes SKIP (after a CATCH_UP where needed) on every step in which
-  no live row proposes, so no width-1 step that runs the draft is compiled; a lookup (no
-  lag) keeps width 1, and a step whose widest row proposes k - 1 takes width k."""
+  """Under gamma 'auto' the loop compiles one inner loop per kind (`step.step_kinds`). A
+  draft with a skip lag (independent, feature, hybrid) takes SKIP (after a CATCH_UP where
+  needed) on every step in which no live row proposes, so no width-1 step that runs the
+  draft is compiled; a lookup (no lag) keeps width 1. A step whose widest row proposes
+  k - 1 tokens takes width k."""
   target, tp, draft, dp = greedy_pairs[kind]
   prepared = prepare(Model(target, tp), Model(draft, dp), PROMPTS, auto_spec(SWITCHING, 12))
   spec, drafter = prepared.spec, prepared.draft
