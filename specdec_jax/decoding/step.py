@@ -92,9 +92,9 @@ def drafting_widths(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:
   row has no room to fall behind, `kind_index`), so a width-1 step that runs the draft
   never comes."""
   widths = step_widths(draft, spec)
-  if spec.lag(draft) == 0 or widths == (1,):
+  if spec.lag(draft) == 0:
     return widths
-  return tuple(k for k in widths if k > 1)
+  return tuple(k for k in widths if k > 1)  # γ_max >= 1: width γ_max + 1 >= 2 stays
 
 
 def step_kinds(draft: Draft, spec: DecodeSpec) -> tuple[int, ...]:

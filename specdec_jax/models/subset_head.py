@@ -5,8 +5,8 @@ Letters: C columns of the head (`ModelConfig.head_tokens`), V vocabulary.
 A subset head scores C of the V ids; every other id gets logit -inf (q = 0: it is only
 emitted from the verifier's residual). The spread is a gather, column[v] where the head
 has id v (`subset_columns`), not a scatter of the C logits into a row of V: on a TPU a
-scatter serializes, and XLA:TPU copies the draft's cache around one inside the decode
-loop (docs/tpu_plan.md).
+scatter serializes, and around one XLA:TPU copies the Qwen pair's draft cache inside its
+fixed-γ loops (docs/tpu_plan.md names the one loop that copies with the gather instead).
 """
 
 from __future__ import annotations
